@@ -1,0 +1,37 @@
+# The two commands:  `make demo` runs the main job,  `make test` runs the tests.
+# Each installs what it needs on a fresh machine: a virtualenv with the pinned
+# Python packages (requirements*.txt) and Azurite from npm (package-lock.json).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+
+.PHONY: demo test run setup clean
+
+setup: $(VENV)/.installed node_modules/.installed local.settings.json
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11 or newer is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	@touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+# The real local.settings.json is git-ignored; start from the committed template.
+local.settings.json:
+	cp local.settings.template.json local.settings.json
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) -m devtools.demo $(DEMO_ARGS)
+
+run: setup
+	$(PY) -m devtools.run $(RUN_ARGS)
+
+clean:
+	rm -rf $(VENV) node_modules .pytest_cache

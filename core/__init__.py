@@ -1,0 +1,1 @@
+"""Domain core: names, settings, message models, lifecycle decisions and the state store."""

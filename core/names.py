@@ -1,0 +1,104 @@
+"""Every queue, table and app-setting name, defined once.
+
+The functions (bindings in ``function_app.py``), the local stack (Service Bus
+emulator, local host) and the Bicep consistency tests all read these values, so a
+renamed queue cannot drift between code, tests and infrastructure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+# --- App settings (environment variables / Function app settings) -------------
+
+#: Storage connection used by the Functions host and by this app (tables, queues).
+#: Locally a connection string; in Azure the identity-based ``__accountName`` form.
+STORAGE_CONNECTION = "AzureWebJobsStorage"
+#: Service Bus connection. Locally a connection string; in Azure the identity-based
+#: ``ServiceBusConnection__fullyQualifiedNamespace`` form.
+SERVICEBUS_CONNECTION = "ServiceBusConnection"
+
+#: App settings that hold queue/table names. Bindings refer to them as ``%NAME%``
+#: so a deployment can rename a queue without a code change.
+ORDERS_QUEUE_SETTING = "ORDERS_QUEUE"
+AGENT_REQUESTS_QUEUE_SETTING = "AGENT_REQUESTS_QUEUE"
+AGENT_RESPONSES_QUEUE_SETTING = "AGENT_RESPONSES_QUEUE"
+ALERTS_QUEUE_SETTING = "ALERTS_QUEUE"
+SCHEDULER_QUEUE_SETTING = "SCHEDULER_QUEUE"
+ORDERS_TABLE_SETTING = "ORDERS_TABLE"
+REJECTIONS_TABLE_SETTING = "REJECTIONS_TABLE"
+SUPERVISOR_SCHEDULE_SETTING = "SUPERVISOR_SCHEDULE"
+
+# --- Default names ----------------------------------------------------------------
+
+ORDERS_QUEUE = "orders"
+AGENT_REQUESTS_QUEUE = "agent-requests"
+AGENT_RESPONSES_QUEUE = "agent-responses"
+ALERTS_QUEUE = "alerts"
+SCHEDULER_QUEUE = "scheduler"
+ORDERS_TABLE = "orders"
+REJECTIONS_TABLE = "rejections"
+
+#: NCRONTAB with seconds (six fields, seconds first): every 15 seconds.
+DEFAULT_SUPERVISOR_SCHEDULE = "*/15 * * * * *"
+
+
+@dataclass(frozen=True)
+class ServiceBusQueueSpec:
+    """A Service Bus queue this app uses, with the properties it relies on.
+
+    The Bicep templates provision the same values (checked by tests/infra), and the
+    local Service Bus emulator declares its queues from this list.
+    """
+
+    name: str
+    setting: str
+    lock_duration: timedelta = timedelta(seconds=60)
+    max_delivery_count: int = 10
+    default_ttl: timedelta = timedelta(days=14)
+    dead_letter_on_expiry: bool = False
+    duplicate_detection: bool = False
+
+
+SERVICEBUS_QUEUES: tuple[ServiceBusQueueSpec, ...] = (
+    # Orders from any client. Dead-lettering on expiry keeps an order that nobody
+    # read in time where an operator can see it; MessageId is the dedup key.
+    ServiceBusQueueSpec(
+        ORDERS_QUEUE,
+        ORDERS_QUEUE_SETTING,
+        max_delivery_count=10,
+        dead_letter_on_expiry=True,
+        duplicate_detection=True,
+    ),
+    # Requests carry their own time-to-live (complete-by - now). An expired request
+    # is discarded, never dead-lettered: the pattern forbids acting after
+    # complete-by, and the supervisor recovers the step.
+    ServiceBusQueueSpec(
+        AGENT_REQUESTS_QUEUE,
+        AGENT_REQUESTS_QUEUE_SETTING,
+        max_delivery_count=5,
+        dead_letter_on_expiry=False,
+    ),
+    ServiceBusQueueSpec(AGENT_RESPONSES_QUEUE, AGENT_RESPONSES_QUEUE_SETTING, max_delivery_count=10),
+    # Operator alerts; kept for a week for whoever reads them.
+    ServiceBusQueueSpec(ALERTS_QUEUE, ALERTS_QUEUE_SETTING, default_ttl=timedelta(days=7)),
+)
+
+#: Storage queues (the scheduler's nudges). The Functions host moves a message that
+#: keeps failing to ``<name>-poison``.
+STORAGE_QUEUES: tuple[tuple[str, str], ...] = ((SCHEDULER_QUEUE, SCHEDULER_QUEUE_SETTING),)
+POISON_SUFFIX = "-poison"
+
+TABLES: tuple[tuple[str, str], ...] = (
+    (ORDERS_TABLE, ORDERS_TABLE_SETTING),
+    (REJECTIONS_TABLE, REJECTIONS_TABLE_SETTING),
+)
+
+#: The app settings that name a queue, table or schedule, with their defaults.
+NAME_SETTINGS: dict[str, str] = {
+    **{q.setting: q.name for q in SERVICEBUS_QUEUES},
+    **{setting: name for name, setting in STORAGE_QUEUES},
+    **{setting: name for name, setting in TABLES},
+    SUPERVISOR_SCHEDULE_SETTING: DEFAULT_SUPERVISOR_SCHEDULE,
+}

@@ -1,0 +1,93 @@
+"""One Settings class, read from app settings (environment variables).
+
+Built lazily by :func:`get_settings`: an exception at import time would keep the
+Functions host from indexing any function, so nothing here runs on import.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Annotated
+
+from pydantic import AliasChoices, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from core import names
+
+
+def _setting(name: str, default, **kwargs):
+    return Field(default, validation_alias=AliasChoices(name), **kwargs)
+
+
+PositiveSeconds = Annotated[float, Field(gt=0)]
+
+
+class Settings(BaseSettings):
+    """Every setting the app reads, by its app-setting name (see README "Settings")."""
+
+    model_config = SettingsConfigDict(env_ignore_empty=True, extra="ignore", populate_by_name=False)
+
+    # --- Connections: a connection string locally, identity-based in Azure -------
+    storage_connection_string: str | None = _setting(names.STORAGE_CONNECTION, None)
+    storage_account_name: str | None = _setting(f"{names.STORAGE_CONNECTION}__accountName", None)
+    storage_table_service_uri: str | None = _setting(f"{names.STORAGE_CONNECTION}__tableServiceUri", None)
+    storage_queue_service_uri: str | None = _setting(f"{names.STORAGE_CONNECTION}__queueServiceUri", None)
+    storage_client_id: str | None = _setting(f"{names.STORAGE_CONNECTION}__clientId", None)
+
+    servicebus_connection_string: str | None = _setting(names.SERVICEBUS_CONNECTION, None)
+    servicebus_namespace: str | None = _setting(f"{names.SERVICEBUS_CONNECTION}__fullyQualifiedNamespace", None)
+    servicebus_client_id: str | None = _setting(f"{names.SERVICEBUS_CONNECTION}__clientId", None)
+
+    # --- Names (defaults from core.names) -------------------------------------
+    orders_queue: str = _setting(names.ORDERS_QUEUE_SETTING, names.ORDERS_QUEUE)
+    agent_requests_queue: str = _setting(names.AGENT_REQUESTS_QUEUE_SETTING, names.AGENT_REQUESTS_QUEUE)
+    agent_responses_queue: str = _setting(names.AGENT_RESPONSES_QUEUE_SETTING, names.AGENT_RESPONSES_QUEUE)
+    alerts_queue: str = _setting(names.ALERTS_QUEUE_SETTING, names.ALERTS_QUEUE)
+    scheduler_queue: str = _setting(names.SCHEDULER_QUEUE_SETTING, names.SCHEDULER_QUEUE)
+    orders_table: str = _setting(names.ORDERS_TABLE_SETTING, names.ORDERS_TABLE)
+    rejections_table: str = _setting(names.REJECTIONS_TABLE_SETTING, names.REJECTIONS_TABLE)
+
+    # --- The remote service the agent calls -----------------------------------
+    #: Required: no default. The base URL of the remote service.
+    remote_service_url: str = Field(validation_alias=AliasChoices("REMOTE_SERVICE_URL"), min_length=1)
+    #: Per-call timeout; each call also stops at the step's complete-by time.
+    remote_call_timeout_seconds: PositiveSeconds = _setting("REMOTE_CALL_TIMEOUT_SECONDS", 10.0)
+    #: The agent's own retries within one step attempt (first call included).
+    agent_max_calls: int = _setting("AGENT_MAX_CALLS", 6, ge=1, le=100)
+    agent_backoff_initial_seconds: PositiveSeconds = _setting("AGENT_BACKOFF_INITIAL_SECONDS", 0.2)
+    agent_backoff_max_seconds: PositiveSeconds = _setting("AGENT_BACKOFF_MAX_SECONDS", 5.0)
+
+    # --- Scheduler and supervisor policy --------------------------------------
+    #: How long one attempt of a step may take (claim -> response) before the
+    #: supervisor counts it as failed.
+    step_timeout_seconds: PositiveSeconds = _setting("STEP_TIMEOUT_SECONDS", 30.0)
+    #: How long a Pending row may wait for the scheduler before the supervisor
+    #: nudges it again (a lost nudge); no failure is counted for it.
+    pending_timeout_seconds: PositiveSeconds = _setting("PENDING_TIMEOUT_SECONDS", 30.0)
+    #: Failures (expired attempts) after which an order goes to Error + alert.
+    max_failures: int = _setting("MAX_FAILURES", 3, ge=1, le=100)
+    #: The supervisor's retry nudge waits base * 2**(failures-1), capped.
+    retry_backoff_base_seconds: float = _setting("RETRY_BACKOFF_BASE_SECONDS", 2.0, ge=0)
+    retry_backoff_max_seconds: float = _setting("RETRY_BACKOFF_MAX_SECONDS", 300.0, ge=0)
+    #: NCRONTAB (six fields, seconds first); read by the timer binding as %SUPERVISOR_SCHEDULE%.
+    supervisor_schedule: str = _setting(names.SUPERVISOR_SCHEDULE_SETTING, names.DEFAULT_SUPERVISOR_SCHEDULE)
+
+    @model_validator(mode="after")
+    def _connections_present(self) -> "Settings":
+        if not (self.storage_connection_string or self.storage_account_name or self.storage_table_service_uri):
+            raise ValueError(
+                f"no storage connection: set {names.STORAGE_CONNECTION} (a connection string, "
+                f"e.g. UseDevelopmentStorage=true) or {names.STORAGE_CONNECTION}__accountName"
+            )
+        if not (self.servicebus_connection_string or self.servicebus_namespace):
+            raise ValueError(
+                f"no Service Bus connection: set {names.SERVICEBUS_CONNECTION} (a connection string) "
+                f"or {names.SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"
+            )
+        return self
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The app's settings, read once from the environment on first use."""
+    return Settings()

@@ -1,0 +1,6 @@
+"""Fixtures shared by the suite live in tests/fixtures and are loaded as plugins."""
+
+pytest_plugins = [
+    "tests.fixtures.azurite",
+    "tests.fixtures.report",
+]
