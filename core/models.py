@@ -1,0 +1,219 @@
+"""Message and state models: one pydantic model per message, parsed only at the edge.
+
+- :class:`OrderRequest`: the body of a message on the ``orders`` queue (JSON Schema
+  published in ``schemas/order.schema.json``).
+- :class:`OrderState`: the process state of one order (the ``state`` row).
+- :class:`Nudge`: a storage-queue message asking the scheduler to look at an order.
+- :class:`AgentRequest` / :class:`AgentResponse`: the agent's request/response pair.
+- :class:`StatusEvent`: what a submitter receives on its ``ReplyTo`` queue.
+- :class:`Alert`: what an operator receives on the ``alerts`` queue.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import datetime, timezone
+from decimal import Decimal
+from enum import Enum
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    model_validator,
+)
+
+#: The one processing step an order goes through at the remote service.
+STEP = "fulfil"
+
+#: Order ids become Table PartitionKeys and Service Bus message ids. A conservative
+#: alphabet keeps them clear of the Table key rules (no ``/ \\ # ?``, no control
+#: characters) and of anything an OData filter or a URL could misread.
+ORDER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}$"
+MAX_ITEMS = 100
+#: The order document is kept as one Table string property (64 KiB = 32K UTF-16
+#: characters); this bound leaves room under that limit.
+MAX_DOCUMENT_CHARS = 30_000
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _no_control_characters(value: str) -> str:
+    if _CONTROL.search(value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+def _money(value: Any) -> Any:
+    # Money is exact: a JSON string such as "12.50". A JSON number would arrive as a
+    # binary float and could already be off by a fraction of a cent.
+    if isinstance(value, (float, int)) and not isinstance(value, bool):
+        raise ValueError('money must be a decimal string such as "12.50", not a JSON number')
+    if isinstance(value, str):
+        if not re.fullmatch(r"\d{1,10}(\.\d{1,2})?", value):
+            raise ValueError('money must look like "12.50": digits, at most two decimals, not negative')
+        return Decimal(value)
+    return value
+
+
+MONEY_JSON_SCHEMA = {"type": "string", "pattern": r"^\d{1,10}(\.\d{1,2})?$", "examples": ["12.50"]}
+Money = Annotated[Decimal, BeforeValidator(_money), WithJsonSchema(MONEY_JSON_SCHEMA)]
+OrderId = Annotated[str, StringConstraints(pattern=ORDER_ID_PATTERN)]
+Code = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}$")]
+Text = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_no_control_characters)]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OrderItem(_Message):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    sku: Code
+    quantity: int = Field(gt=0, le=10_000)
+    unit_price: Money
+
+
+class OrderRequest(_Message):
+    """An order as any Service Bus client sends it (the body of an ``orders`` message)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        title="OrderRequest",
+        json_schema_extra={"description": "Body of a message on the orders queue (content type application/json)."},
+    )
+
+    order_id: OrderId = Field(description="Unique order id; also use it as the message's MessageId.")
+    customer_id: Code
+    customer_name: Text | None = None
+    currency: str = Field(pattern=r"^[A-Z]{3}$", description="ISO 4217 code, e.g. EUR")
+    items: list[OrderItem] = Field(min_length=1, max_length=MAX_ITEMS)
+    total: Money = Field(description="Must equal the sum of quantity * unit_price.")
+    notes: Annotated[str, StringConstraints(max_length=2_000), AfterValidator(_no_control_characters)] | None = None
+
+    @model_validator(mode="after")
+    def _total_matches_items(self) -> "OrderRequest":
+        expected = sum((item.quantity * item.unit_price for item in self.items), Decimal(0))
+        if expected != self.total:
+            raise ValueError(f"total {self.total} does not equal the sum of the items ({expected})")
+        if len(self.document()) > MAX_DOCUMENT_CHARS:
+            raise ValueError(f"the order is larger than {MAX_DOCUMENT_CHARS} characters")
+        return self
+
+    def document(self) -> str:
+        """The canonical JSON of this order (what is stored and compared for duplicates)."""
+        return self.model_dump_json(exclude_none=True)
+
+
+class ProcessState(str, Enum):
+    PENDING = "Pending"
+    PROCESSING = "Processing"
+    PROCESSED = "Processed"
+    ERROR = "Error"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (ProcessState.PROCESSED, ProcessState.ERROR)
+
+
+class OrderState(BaseModel):
+    """The process state of one order (the ``state`` row of its partition)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    order_id: str
+    process_state: ProcessState
+    complete_by: AwareDatetime
+    locked_by: str | None = None
+    failure_count: int = 0
+    #: Fencing token: increases on every claim. A response for any other attempt is stale.
+    attempt: int = 0
+    last_error: str | None = None
+    reply_to: str | None = None
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+    #: The row's ETag when it was read (not stored); every transition is If-Match on it.
+    etag: str | None = None
+
+
+class Nudge(_Message):
+    """Asks the scheduler to look at an order. ``etag``/``attempt`` (when known) let the
+    scheduler claim with one conditional write instead of a read and a write."""
+
+    order_id: str
+    etag: str | None = None
+    attempt: int | None = None
+
+
+class AgentRequest(_Message):
+    order_id: str
+    step: str
+    attempt: int
+    complete_by: AwareDatetime
+    idempotency_key: str
+    payload: dict[str, Any]
+    #: The state row's ETag after the claim, echoed back so the scheduler can
+    #: complete with one conditional write.
+    fence_etag: str | None = None
+
+
+class Outcome(str, Enum):
+    SUCCEEDED = "succeeded"
+    FAILED_PERMANENT = "failed_permanent"
+
+
+class AgentResponse(_Message):
+    order_id: str
+    step: str
+    attempt: int
+    outcome: Outcome
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    fence_etag: str | None = None
+
+
+class Status(str, Enum):
+    RECEIVED = "received"
+    PROCESSING = "processing"
+    RETRYING = "retrying"
+    PROCESSED = "processed"
+    FAILED = "failed"
+
+
+class StatusEvent(_Message):
+    order_id: str
+    status: Status
+    time: AwareDatetime
+    detail: str | None = None
+    attempt: int | None = None
+
+
+class Alert(_Message):
+    order_id: str
+    failure_count: int
+    last_error: str | None
+    time: AwareDatetime
+    reason: str
+
+
+_KEY_NAMESPACE = uuid.UUID("6c1f2f55-3c1b-4f7e-9a51-4d9e3b0c2a11")
+
+
+def idempotency_key(order_id: str, step: str) -> str:
+    """The key the remote service sees for a step: the same for every retry of the
+    step (the agent's own retries, the supervisor's re-runs and operator resubmits)."""
+    return str(uuid.uuid5(_KEY_NAMESPACE, f"{order_id}/{step}"))
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)

@@ -1,0 +1,419 @@
+"""The state store: Azure Table Storage, every transition conditional on the ETag.
+
+Layout of the orders table:
+
+=================  ===============  ==========================================
+PartitionKey       RowKey           what
+=================  ===============  ==========================================
+``<OrderId>``      ``order``        the order document (canonical JSON)
+``<OrderId>``      ``state``        the process state (:class:`OrderState`)
+``_active``        ``<OrderId>``    the active index: one row per in-flight order
+=================  ===============  ==========================================
+
+The order and state rows are written by one entity-group transaction, so they exist
+together or not at all. The active index row is written *before* that transaction
+and removed once the order is terminal, so the supervisor's sweep reads the in-flight
+orders only, however many finished orders the table holds. The index heals itself:
+an index row whose order is terminal, or whose order never got written, is dropped
+by the supervisor (:meth:`StateStore.sweep`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from azure.core import MatchConditions
+from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.data.tables import TableClient, TableTransactionError, UpdateMode
+
+from core import lifecycle
+from core.models import OrderRequest, OrderState, ProcessState
+
+ORDER_ROW = "order"
+STATE_ROW = "state"
+#: Order ids start with a letter or digit, so this partition can never be an order's.
+ACTIVE_PARTITION = "_active"
+#: An index row whose order rows are still missing after this long belongs to a
+#: submission that crashed between the two writes; the orders message is retried by
+#: Service Bus (which rewrites the index row), so the orphan can go.
+ORPHAN_GRACE = timedelta(minutes=10)
+
+
+class StoreError(Exception):
+    """Base class of the store's errors."""
+
+
+class OrderNotFound(StoreError, LookupError):
+    """No order with that id."""
+
+
+class OrderConflict(StoreError):
+    """An order with this id exists with different content; nothing was changed."""
+
+    def __init__(self, order_id: str, existing: str, submitted: str) -> None:
+        super().__init__(f"order {order_id!r} already exists with different content")
+        self.order_id = order_id
+        self.existing = existing
+        self.submitted = submitted
+
+
+class ConcurrencyConflict(StoreError):
+    """The row changed since it was read (HTTP 412): re-read and decide again."""
+
+
+# --- entity mapping ----------------------------------------------------------------
+
+_STATE_FIELDS = {
+    "order_id": "OrderId",
+    "process_state": "ProcessState",
+    "complete_by": "CompleteBy",
+    "locked_by": "LockedBy",
+    "failure_count": "FailureCount",
+    "attempt": "Attempt",
+    "last_error": "LastError",
+    "reply_to": "ReplyTo",
+    "created_at": "CreatedAt",
+    "updated_at": "UpdatedAt",
+}
+#: Optional strings are written as "" rather than left out: a MERGE that leaves a
+#: property out keeps its old value, so clearing LockedBy must write something.
+_OPTIONAL_TEXT = {"LockedBy", "LastError", "ReplyTo"}
+
+
+def state_to_entity(state: OrderState) -> dict[str, Any]:
+    """Datetimes stay ``datetime`` objects so they are stored as ``Edm.DateTime``
+    (a string would compare as text in Azure and silently miss rows)."""
+    entity: dict[str, Any] = {"PartitionKey": state.order_id, "RowKey": STATE_ROW}
+    for field, prop in _STATE_FIELDS.items():
+        value = getattr(state, field)
+        if isinstance(value, ProcessState):
+            value = value.value
+        elif value is None and prop in _OPTIONAL_TEXT:
+            value = ""
+        entity[prop] = value
+    return entity
+
+
+def state_from_entity(entity: dict[str, Any]) -> OrderState:
+    values = {field: entity.get(prop) for field, prop in _STATE_FIELDS.items()}
+    for field, prop in _STATE_FIELDS.items():
+        if prop in _OPTIONAL_TEXT and values[field] == "":
+            values[field] = None
+    return OrderState(**values, etag=entity.metadata.get("etag"))
+
+
+# --- the store ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Created:
+    state: OrderState
+    #: False when the same order had been submitted before (a duplicate: nothing written).
+    created: bool
+
+
+class StateStore:
+    """Orders and their process state in one table. Thread-safe (the SDK client is)."""
+
+    def __init__(self, table: TableClient) -> None:
+        self.table = table
+        #: Table operations by kind, for benchmarks and tests (operations per order).
+        self.ops: Counter[str] = Counter()
+
+    # -- submission -----------------------------------------------------------------
+
+    def create_order(
+        self, order: OrderRequest, *, reply_to: str | None, now: datetime, pending_timeout: timedelta
+    ) -> Created:
+        """Write the order row and its Pending state row in one transaction.
+
+        The same order again is a no-op (``created=False``); different content under
+        the same id raises :class:`OrderConflict` and changes nothing.
+        """
+        document = order.document()
+        state = lifecycle.new_order(order.order_id, now, pending_timeout, reply_to)
+        # Index first: a crash after this line leaves an index row the supervisor
+        # can heal; the other order would leave an order nobody supervises.
+        self._index(order.order_id, now)
+        operations = [
+            ("create", {"PartitionKey": order.order_id, "RowKey": ORDER_ROW, "Document": document}),
+            ("create", state_to_entity(state)),
+        ]
+        try:
+            self.ops["transaction"] += 1
+            results = self.table.submit_transaction(operations)
+        except (TableTransactionError, ResourceExistsError) as error:
+            if not _is_conflict(error):
+                raise
+            return self._existing(order.order_id, document)
+        etag = results[1].get("etag")
+        return Created(state.model_copy(update={"etag": etag}), created=True)
+
+    def _existing(self, order_id: str, document: str) -> Created:
+        existing_document, state = self.read(order_id)
+        if existing_document != document:
+            raise OrderConflict(order_id, existing_document, document)
+        if state.process_state.terminal:
+            self.unindex(order_id)  # the duplicate's index write re-added it
+        return Created(state, created=False)
+
+    # -- reads ----------------------------------------------------------------------
+
+    def read(self, order_id: str) -> tuple[str, OrderState]:
+        """The order document and its state, in one query of the order's partition."""
+        self.ops["query"] += 1
+        rows = {
+            row["RowKey"]: row
+            for row in self.table.query_entities("PartitionKey eq @pk", parameters={"pk": order_id})
+        }
+        if STATE_ROW not in rows or ORDER_ROW not in rows:
+            raise OrderNotFound(f"no order {order_id!r}")
+        return rows[ORDER_ROW]["Document"], state_from_entity(rows[STATE_ROW])
+
+    def get(self, order_id: str) -> OrderState:
+        """The state of an order; raises :class:`OrderNotFound`."""
+        self.ops["read"] += 1
+        try:
+            return state_from_entity(self.table.get_entity(order_id, STATE_ROW))
+        except ResourceNotFoundError as error:
+            raise OrderNotFound(f"no order {order_id!r}") from error
+
+    def get_order(self, order_id: str) -> OrderRequest:
+        self.ops["read"] += 1
+        try:
+            entity = self.table.get_entity(order_id, ORDER_ROW)
+        except ResourceNotFoundError as error:
+            raise OrderNotFound(f"no order {order_id!r}") from error
+        return OrderRequest.model_validate_json(entity["Document"])
+
+    # -- transitions ----------------------------------------------------------------
+
+    def write(self, current: OrderState, new: OrderState) -> OrderState:
+        """Write ``new`` over ``current`` if the row is unchanged since ``current`` was read.
+
+        Sends only the properties that differ (a MERGE), with If-Match on
+        ``current.etag``. Raises :class:`ConcurrencyConflict` if someone else moved the row.
+        """
+        if current.etag is None:
+            raise ValueError("a transition needs the ETag the state was read with")
+        before, after = state_to_entity(current), state_to_entity(new)
+        changes = {key: value for key, value in after.items() if before.get(key) != value}
+        changes.update(PartitionKey=new.order_id, RowKey=STATE_ROW)
+        self.ops["update"] += 1
+        try:
+            metadata = self.table.update_entity(
+                changes, mode=UpdateMode.MERGE, etag=current.etag, match_condition=MatchConditions.IfNotModified
+            )
+        except ResourceModifiedError as error:
+            raise ConcurrencyConflict(f"order {new.order_id!r} changed since it was read") from error
+        except ResourceNotFoundError as error:
+            raise OrderNotFound(f"no order {new.order_id!r}") from error
+        return new.model_copy(update={"etag": metadata["etag"]})
+
+    def claim(
+        self, order_id: str, instance: str, now: datetime, step_timeout: timedelta, *, hint: OrderState | None = None
+    ) -> OrderState | None:
+        """Pending -> Processing for ``instance``. None when the row is not Pending or
+        another instance won the race (a 412): both are expected, not errors.
+
+        ``hint`` is a snapshot with its ETag (from the nudge); when it is still current
+        the claim costs one conditional write, otherwise the row is read first.
+        """
+        state = hint if hint is not None and hint.etag else self.get(order_id)
+        for _ in range(2):
+            claimed = lifecycle.claim(state, instance, now, step_timeout)
+            if claimed is None:
+                return None
+            try:
+                return self.write(state, claimed)
+            except ConcurrencyConflict:
+                if state is not hint:
+                    return None  # a fresh read lost the race: another instance claimed it
+                state = self.get(order_id)  # the hint was stale: decide again on the row
+        return None
+
+    def transition(self, current: OrderState, new: OrderState | None) -> OrderState | None:
+        """Write a lifecycle decision; None when there is nothing to write or the row moved."""
+        if new is None:
+            return None
+        try:
+            return self.write(current, new)
+        except ConcurrencyConflict:
+            return None
+
+    # -- the active index -------------------------------------------------------------
+
+    def _index(self, order_id: str, now: datetime) -> None:
+        self.ops["index_upsert"] += 1
+        self.table.upsert_entity(
+            {"PartitionKey": ACTIVE_PARTITION, "RowKey": order_id, "IndexedAt": now}, mode=UpdateMode.REPLACE
+        )
+
+    def reindex(self, order_id: str, now: datetime) -> None:
+        """Put an order back in the active index (before it leaves a terminal state)."""
+        self._index(order_id, now)
+
+    def unindex(self, order_id: str, etag: str | None = None) -> None:
+        """Drop an order from the active index; succeeds when it is already gone."""
+        self.ops["index_delete"] += 1
+        try:
+            if etag:
+                self.table.delete_entity(
+                    ACTIVE_PARTITION, order_id, etag=etag, match_condition=MatchConditions.IfNotModified
+                )
+            else:
+                self.table.delete_entity(ACTIVE_PARTITION, order_id)
+        except ResourceModifiedError:
+            pass  # re-indexed since we looked: it is in flight again, keep it
+        except ResourceNotFoundError:
+            pass
+
+    def active_ids(self, *, indexed_before: datetime | None = None) -> list[tuple[str, datetime, str]]:
+        """(order id, indexed at, index ETag) of the in-flight orders: one query of the index partition."""
+        self.ops["index_query"] += 1
+        if indexed_before is None:
+            rows = self.table.query_entities("PartitionKey eq @pk", parameters={"pk": ACTIVE_PARTITION})
+        else:
+            rows = self.table.query_entities(
+                "PartitionKey eq @pk and IndexedAt lt @before",
+                parameters={"pk": ACTIVE_PARTITION, "before": indexed_before},
+            )
+        return [(row["RowKey"], row["IndexedAt"], row.metadata["etag"]) for row in rows]
+
+    def sweep(self, now: datetime, *, younger_than_cannot_expire: timedelta) -> Iterator[OrderState]:
+        """The in-flight orders whose deadline has passed, healing the index as it goes.
+
+        Costs one index query plus one point read per in-flight order that is old
+        enough to have expired; finished orders are never read (they are not in the index).
+        """
+        candidates = self.active_ids(indexed_before=now - younger_than_cannot_expire)
+        for order_id, indexed_at, index_etag, state in self._states(candidates):
+            if state is None:
+                if now - indexed_at > ORPHAN_GRACE:
+                    self.unindex(order_id, index_etag)
+                    self._reindex_if_written(order_id, now)
+                continue
+            if state.process_state.terminal:
+                self.unindex(order_id, index_etag)  # a crash after the terminal write
+                continue
+            if state.complete_by <= now:
+                yield state
+
+    def _states(self, candidates: Iterable[tuple[str, datetime, str]]):
+        candidates = list(candidates)
+
+        def load(item):
+            order_id, indexed_at, etag = item
+            try:
+                return order_id, indexed_at, etag, self.get(order_id)
+            except OrderNotFound:
+                return order_id, indexed_at, etag, None
+
+        if len(candidates) <= 4:
+            yield from map(load, candidates)
+            return
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="sweep") as pool:
+            yield from pool.map(load, candidates)
+
+    def _reindex_if_written(self, order_id: str, now: datetime) -> None:
+        # Closes the race with a submission that committed its rows after we looked.
+        try:
+            state = self.get(order_id)
+        except OrderNotFound:
+            return
+        if not state.process_state.terminal:
+            self._index(order_id, now)
+
+    def list_expired(self, now: datetime, *, younger_than_cannot_expire: timedelta = timedelta(0)) -> list[OrderState]:
+        return list(self.sweep(now, younger_than_cannot_expire=younger_than_cannot_expire))
+
+    def list_by_state(self, state: ProcessState, *, limit: int = 50) -> list[OrderState]:
+        """Operator view: rows in a given state, newest first. In-flight states are read
+        through the active index; terminal states need a table scan (operator use only)."""
+        if state.terminal:
+            self.ops["query"] += 1
+            rows = self.table.query_entities(
+                "RowKey eq @rk and ProcessState eq @state", parameters={"rk": STATE_ROW, "state": state.value}
+            )
+            states = [state_from_entity(row) for row in rows]
+        else:
+            states = [s for *_, s in self._states(self.active_ids()) if s is not None and s.process_state is state]
+        states.sort(key=lambda s: s.updated_at, reverse=True)
+        return states[:limit]
+
+
+def _is_conflict(error: Exception) -> bool:
+    status = getattr(error, "status_code", None)
+    code = str(getattr(error, "error_code", "") or "")
+    return status == 409 or "EntityAlreadyExists" in code or "AlreadyExists" in str(error)
+
+
+# --- rejected messages ---------------------------------------------------------------
+
+#: Binary properties hold at most 64 KiB; bodies are kept in chunks of this size.
+_CHUNK = 60 * 1024
+_MAX_CHUNKS = 15  # 900 KiB, under the 1 MiB entity limit; Service Bus Premium allows more
+
+
+class RejectionStore:
+    """Messages the app refused (invalid, malformed, conflicting), kept whole with the reason.
+
+    PartitionKey is the UTC day (``YYYY-MM-DD``); RowKey sorts newest first.
+    """
+
+    def __init__(self, table: TableClient) -> None:
+        self.table = table
+
+    def add(
+        self,
+        *,
+        body: bytes,
+        reason: str,
+        now: datetime,
+        message_id: str | None,
+        content_type: str | None = None,
+        order_id: str | None = None,
+        source: str = "orders",
+    ) -> str:
+        inverted = 10**13 - int(now.timestamp() * 1000)
+        row_key = f"{inverted:013d}-{(message_id or 'no-id')[:100]}"
+        chunks = [body[i : i + _CHUNK] for i in range(0, len(body), _CHUNK)] or [b""]
+        entity: dict[str, Any] = {
+            "PartitionKey": now.strftime("%Y-%m-%d"),
+            "RowKey": _safe_key(row_key),
+            "Reason": reason[:30_000],
+            "MessageId": message_id or "",
+            "ContentType": content_type or "",
+            "OrderId": order_id or "",
+            "Source": source,
+            "RejectedAt": now,
+            "BodyBytes": len(body),
+            "BodyChunks": min(len(chunks), _MAX_CHUNKS),
+            "Truncated": len(chunks) > _MAX_CHUNKS,
+        }
+        for i, chunk in enumerate(chunks[:_MAX_CHUNKS]):
+            entity[f"Body{i}"] = chunk
+        self.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+        return entity["RowKey"]
+
+    def list(self, *, day: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        if day:
+            rows = self.table.query_entities("PartitionKey eq @day", parameters={"day": day})
+        else:
+            rows = self.table.list_entities()
+        out = []
+        for row in rows:
+            body = b"".join(row.get(f"Body{i}", b"") for i in range(row.get("BodyChunks", 0)))
+            out.append({**{k: v for k, v in row.items() if not k.startswith("Body")}, "Body": body})
+        out.sort(key=lambda r: r["RejectedAt"], reverse=True)
+        return out[:limit]
+
+
+def _safe_key(key: str) -> str:
+    # Table keys may not hold / \ # ? or control characters; a rejected message's id may.
+    return "".join("_" if ch in "/\\#?" or ord(ch) < 32 or 127 <= ord(ch) < 160 else ch for ch in key)
