@@ -3,4 +3,5 @@
 pytest_plugins = [
     "tests.fixtures.azurite",
     "tests.fixtures.report",
+    "tests.fixtures.fake_remote",
 ]
