@@ -147,12 +147,16 @@ class OrderState(BaseModel):
 
 
 class Nudge(_Message):
-    """Asks the scheduler to look at an order. ``etag``/``attempt`` (when known) let the
-    scheduler claim with one conditional write instead of a read and a write."""
+    """Asks the scheduler to look at an order.
+
+    ``state`` (with its ETag) and ``document`` are a snapshot the sender already had.
+    While the snapshot is current the scheduler claims with one conditional write and
+    no read; a stale snapshot fails the If-Match and the scheduler reads the row.
+    """
 
     order_id: str
-    etag: str | None = None
-    attempt: int | None = None
+    state: OrderState | None = None
+    document: str | None = None
 
 
 class AgentRequest(_Message):
@@ -162,9 +166,10 @@ class AgentRequest(_Message):
     complete_by: AwareDatetime
     idempotency_key: str
     payload: dict[str, Any]
-    #: The state row's ETag after the claim, echoed back so the scheduler can
-    #: complete with one conditional write.
-    fence_etag: str | None = None
+    #: The scheduler's state row as it claimed it (with its ETag). Opaque to the
+    #: agent, echoed in the response, so the scheduler completes with one
+    #: conditional write; the ETag doubles as a fencing token.
+    fence: OrderState | None = None
 
 
 class Outcome(str, Enum):
@@ -179,7 +184,7 @@ class AgentResponse(_Message):
     outcome: Outcome
     result: dict[str, Any] | None = None
     error: str | None = None
-    fence_etag: str | None = None
+    fence: OrderState | None = None
 
 
 class Status(str, Enum):

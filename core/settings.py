@@ -6,6 +6,7 @@ Functions host from indexing any function, so nothing here runs on import.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from functools import lru_cache
 from typing import Annotated
 
@@ -71,6 +72,14 @@ class Settings(BaseSettings):
     retry_backoff_max_seconds: float = _setting("RETRY_BACKOFF_MAX_SECONDS", 300.0, ge=0)
     #: NCRONTAB (six fields, seconds first); read by the timer binding as %SUPERVISOR_SCHEDULE%.
     supervisor_schedule: str = _setting(names.SUPERVISOR_SCHEDULE_SETTING, names.DEFAULT_SUPERVISOR_SCHEDULE)
+
+    @property
+    def step_timeout(self) -> timedelta:
+        return timedelta(seconds=self.step_timeout_seconds)
+
+    @property
+    def pending_timeout(self) -> timedelta:
+        return timedelta(seconds=self.pending_timeout_seconds)
 
     @model_validator(mode="after")
     def _connections_present(self) -> "Settings":

@@ -1,0 +1,45 @@
+"""One agent request in, at most one response out.
+
+The agent never acts past complete-by: a request that arrives late, or a step whose
+retries reach the deadline, produces no response at all. The supervisor sees the
+expired row and decides whether the step runs again (with the same idempotency key).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Callable
+
+from agents.remote import DeadlineReached, PermanentRemoteError, RemoteClient, TransientRemoteError
+from core.models import AgentRequest, AgentResponse, Outcome
+
+log = logging.getLogger(__name__)
+
+
+def run(request: AgentRequest, *, remote: RemoteClient, now: Callable[[], datetime]) -> AgentResponse | None:
+    if now() >= request.complete_by:
+        log.warning("order %s attempt %s arrived past complete-by: not acting", request.order_id, request.attempt)
+        return None
+    try:
+        result = remote.fulfil(request, now=now)
+    except PermanentRemoteError as error:
+        return _response(request, Outcome.FAILED_PERMANENT, error=str(error))
+    except (DeadlineReached, TransientRemoteError) as error:
+        log.warning(
+            "order %s attempt %s: no result before complete-by (%s); sending nothing",
+            request.order_id, request.attempt, error,
+        )
+        return None
+    return _response(request, Outcome.SUCCEEDED, result=result)
+
+
+def _response(request: AgentRequest, outcome: Outcome, **fields) -> AgentResponse:
+    return AgentResponse(
+        order_id=request.order_id,
+        step=request.step,
+        attempt=request.attempt,
+        outcome=outcome,
+        fence=request.fence,
+        **fields,
+    )

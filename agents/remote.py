@@ -1,0 +1,141 @@
+"""The remote service call: retries with backoff and jitter, a stable idempotency key,
+and never past the step's complete-by time."""
+
+from __future__ import annotations
+
+import email.utils
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import requests
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from core.models import AgentRequest
+
+#: Status codes worth another try: timeout, throttling, and server-side failures.
+TRANSIENT_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
+#: A call with less time than this left is not started: it could not finish.
+MIN_CALL_SECONDS = 0.05
+
+
+class RemoteError(Exception):
+    """Base class of the remote call's failures."""
+
+
+class TransientRemoteError(RemoteError):
+    """Worth another try (connection error, timeout, 408, 429, 5xx)."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PermanentRemoteError(RemoteError):
+    """The service refused the step (4xx other than 408/429): never retried."""
+
+
+class DeadlineReached(RemoteError):
+    """The step's complete-by time came before the step could be done."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How the agent retries one attempt of the step (the supervisor retries attempts)."""
+
+    max_calls: int = 6
+    backoff_initial: float = 0.2
+    backoff_max: float = 5.0
+    call_timeout: float = 10.0
+
+
+def _retry_after(response: requests.Response) -> float | None:
+    value = response.headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+class RemoteClient:
+    """Calls ``POST {base_url}/fulfil`` for a step. One ``requests.Session`` per thread."""
+
+    def __init__(self, base_url: str, policy: RetryPolicy, *, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.policy = policy
+        self._sleep = sleep
+        self._local = threading.local()
+
+    def _session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = requests.Session()
+            session.trust_env = False
+        return session
+
+    def fulfil(self, request: AgentRequest, *, now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> dict[str, Any]:
+        """The remote result; raises PermanentRemoteError, DeadlineReached, or
+        TransientRemoteError when the calls ran out before the deadline did."""
+        policy = self.policy
+
+        def time_left() -> float:
+            return (request.complete_by - now()).total_seconds()
+
+        def wait(state: RetryCallState) -> float:
+            error = state.outcome.exception() if state.outcome else None
+            backoff = wait_exponential_jitter(initial=policy.backoff_initial, max=policy.backoff_max)(state)
+            if isinstance(error, TransientRemoteError) and error.retry_after is not None:
+                return max(error.retry_after, policy.backoff_initial)  # the service said when
+            return backoff
+
+        def past_deadline(state: RetryCallState) -> bool:
+            return time_left() - (state.upcoming_sleep or 0.0) < MIN_CALL_SECONDS
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(TransientRemoteError),
+            wait=wait,
+            stop=stop_after_attempt(policy.max_calls) | past_deadline,
+            sleep=self._sleep,
+            reraise=True,
+        )
+        for attempt in retrying:
+            with attempt:
+                left = time_left()
+                if left < MIN_CALL_SECONDS:
+                    raise DeadlineReached(f"complete-by {request.complete_by.isoformat()} reached")
+                return self._call(request, timeout=min(policy.call_timeout, left))
+        raise AssertionError("unreachable")  # pragma: no cover - Retrying returns or raises
+
+    def _call(self, request: AgentRequest, *, timeout: float) -> dict[str, Any]:
+        body = {
+            "order_id": request.order_id,
+            "step": request.step,
+            "attempt": request.attempt,
+            "payload": request.payload,
+        }
+        try:
+            response = self._session().post(
+                f"{self.base_url}/{request.step}",
+                json=body,
+                headers={"Idempotency-Key": request.idempotency_key},
+                timeout=timeout,
+            )
+        except (requests.ConnectionError, requests.Timeout) as error:
+            raise TransientRemoteError(f"{type(error).__name__}: {error}") from error
+        if response.status_code in TRANSIENT_STATUS:
+            raise TransientRemoteError(f"HTTP {response.status_code}", retry_after=_retry_after(response))
+        if response.status_code >= 400:
+            raise PermanentRemoteError(f"HTTP {response.status_code}: {response.text[:500]}")
+        try:
+            return response.json()
+        except ValueError as error:
+            raise TransientRemoteError(f"HTTP {response.status_code} with a body that is not JSON") from error

@@ -1,0 +1,46 @@
+"""What happens once an order is terminal: tell the submitter, alert on Error, leave the index.
+
+Called by the scheduler right after the terminal write, and by the supervisor for a
+terminal row still in the active index (a crash between the write and this step).
+Notifications are therefore at least once; their message ids are stable, so the
+alerts queue's duplicate detection drops a repeat.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from core.messaging import Publisher
+from core.models import Alert, OrderState, ProcessState, Status, StatusEvent
+from core.store import StateStore
+
+log = logging.getLogger(__name__)
+
+
+def finish(state: OrderState, *, store: StateStore, publisher: Publisher, alerts_queue: str, now: datetime) -> None:
+    if state.process_state is ProcessState.ERROR:
+        alert = Alert(
+            order_id=state.order_id,
+            failure_count=state.failure_count,
+            last_error=state.last_error,
+            time=now,
+            reason="order failed and needs an operator",
+        )
+        log.error(
+            "order %s failed: %s",
+            state.order_id,
+            state.last_error,
+            extra={"order_id": state.order_id, "failure_count": state.failure_count, "attempt": state.attempt},
+        )
+        # The alert must not be lost: a failed send raises, the index row stays,
+        # and the supervisor finishes the order again.
+        publisher.send_alert(alert, queue=alerts_queue, attempt=state.attempt)
+        status = Status.FAILED
+    else:
+        status = Status.PROCESSED
+    publisher.send_status(
+        StatusEvent(order_id=state.order_id, status=status, time=now, detail=state.last_error, attempt=state.attempt),
+        queue=state.reply_to,
+    )
+    store.unindex(state.order_id)

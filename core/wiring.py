@@ -1,0 +1,75 @@
+"""The process's collaborators, built lazily on first use and then reused.
+
+Blueprints call :func:`services`; tests build :class:`Services` themselves (or call
+the plain functions with their own collaborators).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass
+
+from azure.core.exceptions import HttpResponseError
+
+from core import clients
+from core.messaging import Nudger, Publisher
+from core.settings import Settings, get_settings
+from core.store import RejectionStore, StateStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Services:
+    settings: Settings
+    store: StateStore
+    rejections: RejectionStore
+    publisher: Publisher
+    nudger: Nudger
+    instance: str
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "Services":
+        tables = clients.table_service(settings)
+        for name in (settings.orders_table, settings.rejections_table):
+            _ensure_table(tables, name)
+        nudges = clients.queue_client(settings, settings.scheduler_queue)
+        return cls(
+            settings=settings,
+            store=StateStore(tables.get_table_client(settings.orders_table)),
+            rejections=RejectionStore(tables.get_table_client(settings.rejections_table)),
+            publisher=Publisher(clients.servicebus_client(settings)),
+            nudger=Nudger(nudges),
+            instance=instance_id(),
+        )
+
+
+def _ensure_table(tables, name: str) -> None:
+    # In Azure the tables are provisioned by the Bicep and the identity may not be
+    # allowed to create them; locally (Azurite) this creates them on first use.
+    try:
+        tables.create_table_if_not_exists(name)
+    except HttpResponseError as error:
+        log.info("could not ensure table %s exists (%s); assuming it is provisioned", name, error.reason)
+
+
+def instance_id() -> str:
+    """This host instance, as Azure names it (``WEBSITE_INSTANCE_ID``), else host + pid."""
+    return os.environ.get("WEBSITE_INSTANCE_ID") or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+_lock = threading.Lock()
+_services: Services | None = None
+
+
+def services() -> Services:
+    global _services
+    if _services is None:
+        with _lock:
+            if _services is None:
+                _services = Services.from_settings(get_settings())
+    return _services

@@ -1,0 +1,12 @@
+"""The Function app: builds FunctionApp() and registers the blueprints. No logic here."""
+
+import azure.functions as func
+
+from agents.blueprint import bp as agents
+from scheduler.blueprint import bp as scheduler
+from supervisor.blueprint import bp as supervisor
+
+app = func.FunctionApp()
+app.register_functions(scheduler)
+app.register_functions(agents)
+app.register_functions(supervisor)

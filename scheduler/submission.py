@@ -1,0 +1,111 @@
+"""Order submission: validate an ``orders`` message and write it, or keep it as a rejection.
+
+A message is never retried in a loop for being invalid: it is kept whole, with the
+reason, in the rejections table and completed. Only a failure to write (storage
+unavailable) raises, so Service Bus delivers the message again.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+
+from pydantic import ValidationError
+
+from core.messaging import Publisher
+from core.models import Nudge, OrderRequest, ProcessState, Status, StatusEvent
+from core.store import OrderConflict, RejectionStore, StateStore
+
+log = logging.getLogger(__name__)
+
+#: Service Bus queue names: letters, digits, periods, hyphens, underscores, slashes; up to 260.
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,259}$")
+_JSON_TYPES = ("application/json", "text/json")
+
+
+class Result(str, Enum):
+    CREATED = "created"
+    DUPLICATE = "duplicate"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True)
+class Submission:
+    result: Result
+    order_id: str | None = None
+    #: What the scheduler should be nudged with, if anything.
+    nudge: Nudge | None = None
+    reason: str | None = None
+
+
+def _content_type_ok(content_type: str | None) -> bool:
+    if not content_type:
+        return True  # many clients (and the portal) send none: the body must still be JSON
+    media = content_type.split(";")[0].strip().lower()
+    return media in _JSON_TYPES or media.endswith("+json")
+
+
+def explain(error: ValidationError) -> str:
+    """A validation error as one readable line per problem: ``field.path: message``."""
+    lines = []
+    for problem in error.errors(include_url=False):
+        where = ".".join(str(part) for part in problem["loc"]) or "body"
+        lines.append(f"{where}: {problem['msg']}")
+    return "; ".join(lines)
+
+
+def submit(
+    body: bytes,
+    *,
+    message_id: str | None,
+    reply_to: str | None,
+    content_type: str | None,
+    store: StateStore,
+    rejections: RejectionStore,
+    publisher: Publisher,
+    now: datetime,
+    pending_timeout: timedelta,
+) -> Submission:
+    def reject(reason: str, order_id: str | None = None) -> Submission:
+        rejections.add(
+            body=body, reason=reason, now=now, message_id=message_id, content_type=content_type, order_id=order_id
+        )
+        log.warning("order message %s rejected: %s", message_id, reason)
+        return Submission(Result.REJECTED, order_id, reason=reason)
+
+    if not _content_type_ok(content_type):
+        return reject(f"unsupported content type {content_type!r}: send the order as application/json")
+    try:
+        order = OrderRequest.model_validate_json(body)
+    except ValidationError as error:
+        return reject(f"invalid order: {explain(error)}")
+    except ValueError as error:  # e.g. bytes that are not UTF-8
+        return reject(f"malformed order: {error}")
+
+    if reply_to and not _QUEUE_NAME.match(reply_to):
+        log.warning("order %s: ignoring invalid ReplyTo %r", order.order_id, reply_to)
+        reply_to = None
+
+    try:
+        created = store.create_order(order, reply_to=reply_to, now=now, pending_timeout=pending_timeout)
+    except OrderConflict:
+        return reject(
+            f"order id {order.order_id!r} already exists with different content; the original is unchanged",
+            order.order_id,
+        )
+
+    state = created.state
+    if created.created:
+        publisher.send_status(
+            StatusEvent(order_id=order.order_id, status=Status.RECEIVED, time=now), queue=reply_to
+        )
+        return Submission(Result.CREATED, order.order_id, Nudge(order_id=order.order_id, state=state, document=order.document()))
+    # The same order again. If it is still Pending, the first delivery may have died
+    # before its nudge went out: nudge again (a claim is ETag-guarded, so a second
+    # nudge is harmless).
+    log.info("order %s: duplicate submission, nothing written", order.order_id)
+    nudge = Nudge(order_id=order.order_id, state=state) if state.process_state is ProcessState.PENDING else None
+    return Submission(Result.DUPLICATE, order.order_id, nudge)

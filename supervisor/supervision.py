@@ -1,0 +1,100 @@
+"""One sweep of the supervisor, and the operator's resubmit."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from datetime import datetime, timedelta
+
+from core import lifecycle
+from core.finish import finish
+from core.lifecycle import SupervisorPolicy, Verdict
+from core.messaging import Nudger, Publisher
+from core.models import Nudge, OrderState, Status, StatusEvent
+from core.settings import Settings
+from core.store import StateStore
+
+log = logging.getLogger(__name__)
+
+
+def policy_from(settings: Settings) -> SupervisorPolicy:
+    return SupervisorPolicy(
+        max_failures=settings.max_failures,
+        step_timeout=settings.step_timeout,
+        pending_timeout=settings.pending_timeout,
+        backoff_base=timedelta(seconds=settings.retry_backoff_base_seconds),
+        backoff_cap=timedelta(seconds=settings.retry_backoff_max_seconds),
+    )
+
+
+def sweep(
+    *,
+    store: StateStore,
+    publisher: Publisher,
+    nudger: Nudger,
+    policy: SupervisorPolicy,
+    now: datetime,
+    alerts_queue: str,
+) -> Counter[str]:
+    """Act on every expired in-flight order once. Returns what was done, by verdict."""
+    done: Counter[str] = Counter()
+    # An order indexed less than this long ago cannot have passed any deadline yet.
+    youngest = min(policy.step_timeout, policy.pending_timeout)
+    for state in store.sweep(now, younger_than_cannot_expire=youngest):
+        decision = lifecycle.supervise(state, now, policy)
+        if decision.verdict is Verdict.DROP_INDEX:
+            # Terminal but still indexed: the finishing step died half-way. Give the
+            # scheduler time to finish it itself before repeating its notifications.
+            if now - state.updated_at > policy.step_timeout:
+                finish(state, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now)
+                done["healed"] += 1
+            continue
+        if decision.verdict is Verdict.NONE:
+            continue
+        written = store.transition(state, decision.next_state)
+        if written is None:
+            done["lost_race"] += 1  # another supervisor (or the scheduler) moved it first
+            continue
+        done[decision.verdict.value] += 1
+        if decision.verdict is Verdict.GIVE_UP:
+            finish(written, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now)
+        else:
+            nudger.nudge(Nudge(order_id=written.order_id, state=written), delay=decision.nudge_delay)
+            if decision.verdict is Verdict.RETRY:
+                log.warning(
+                    "order %s reset for retry %s/%s in %.0f s: %s",
+                    written.order_id, written.failure_count, policy.max_failures,
+                    decision.nudge_delay.total_seconds(), written.last_error,
+                )
+                publisher.send_status(
+                    StatusEvent(
+                        order_id=written.order_id, status=Status.RETRYING, time=now,
+                        detail=written.last_error, attempt=written.attempt,
+                    ),
+                    queue=written.reply_to,
+                )
+    if done:
+        log.info("supervisor sweep: %s", dict(done))
+    return done
+
+
+class NotResubmittable(Exception):
+    """Only an order in Error can be resubmitted."""
+
+
+def resubmit(
+    order_id: str, *, store: StateStore, nudger: Nudger, now: datetime, pending_timeout: timedelta
+) -> OrderState:
+    """Operator: Error -> Pending, failure count cleared, nudged. The next claim takes a
+    new attempt number (fencing out any late response of the failed attempts), and the
+    remote service sees the same idempotency key, so work it already did is not redone."""
+    state = store.get(order_id)
+    new = lifecycle.resubmit(state, now, pending_timeout)
+    if new is None:
+        raise NotResubmittable(f"order {order_id} is {state.process_state.value}, not Error: nothing to resubmit")
+    store.reindex(order_id, now)  # back in the supervisor's view before it leaves Error
+    written = store.transition(state, new)
+    if written is None:
+        raise NotResubmittable(f"order {order_id} changed while resubmitting; look again")
+    nudger.nudge(Nudge(order_id=order_id, state=written))
+    return written
