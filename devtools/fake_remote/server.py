@@ -96,6 +96,9 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "FakeRemote/1.0"
     timeout = _IDLE_SECONDS
+    # Headers and body go out in two writes; without TCP_NODELAY a keep-alive client
+    # waits ~40 ms per call for the delayed ACK (Nagle).
+    disable_nagle_algorithm = True
     server: _Server
 
     # --- routing -------------------------------------------------------------
