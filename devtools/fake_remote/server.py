@@ -54,6 +54,8 @@ class _Reply(Exception):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+    # socketserver's default backlog is 5: a burst of concurrent clients gets resets.
+    request_queue_size = 512
 
     def __init__(self, address: tuple[str, int], ledger: Ledger, stopping: threading.Event) -> None:
         self.ledger = ledger
