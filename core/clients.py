@@ -25,7 +25,7 @@ def storage_connection_string(value: str) -> str:
     return DEVELOPMENT_STORAGE if value.strip().rstrip(";").lower() == "usedevelopmentstorage=true" else value
 
 
-def _transport() -> RequestsTransport:
+def transport() -> RequestsTransport:
     # Not reading proxy settings from the environment saves work on every call
     # (measured ~25% faster point reads against Azurite).
     return RequestsTransport(use_env_settings=False)
@@ -45,10 +45,10 @@ def table_service(settings: Settings):
 
     if settings.storage_connection_string:
         return TableServiceClient.from_connection_string(
-            storage_connection_string(settings.storage_connection_string), transport=_transport()
+            storage_connection_string(settings.storage_connection_string), transport=transport()
         )
     endpoint = settings.storage_table_service_uri or f"https://{settings.storage_account_name}.table.core.windows.net"
-    return TableServiceClient(endpoint, credential=credential(settings.storage_client_id), transport=_transport())
+    return TableServiceClient(endpoint, credential=credential(settings.storage_client_id), transport=transport())
 
 
 def queue_client(settings: Settings, queue_name: str):
@@ -58,7 +58,7 @@ def queue_client(settings: Settings, queue_name: str):
     options = dict(
         message_encode_policy=TextBase64EncodePolicy(),
         message_decode_policy=BinaryBase64DecodePolicy(),
-        transport=_transport(),
+        transport=transport(),
     )
     if settings.storage_connection_string:
         return QueueClient.from_connection_string(

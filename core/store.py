@@ -286,10 +286,12 @@ class StateStore:
         return [(row["RowKey"], row["IndexedAt"], row.metadata["etag"]) for row in rows]
 
     def sweep(self, now: datetime, *, younger_than_cannot_expire: timedelta) -> Iterator[OrderState]:
-        """The in-flight orders whose deadline has passed, healing the index as it goes.
+        """The indexed orders that need the supervisor: those whose deadline has passed,
+        and terminal ones still indexed (their finishing step died half-way).
 
         Costs one index query plus one point read per in-flight order that is old
-        enough to have expired; finished orders are never read (they are not in the index).
+        enough to have expired; finished orders are never read (they are not in the
+        index). Index rows whose order was never written are dropped here.
         """
         candidates = self.active_ids(indexed_before=now - younger_than_cannot_expire)
         for order_id, indexed_at, index_etag, state in self._states(candidates):
@@ -298,10 +300,7 @@ class StateStore:
                     self.unindex(order_id, index_etag)
                     self._reindex_if_written(order_id, now)
                 continue
-            if state.process_state.terminal:
-                self.unindex(order_id, index_etag)  # a crash after the terminal write
-                continue
-            if state.complete_by <= now:
+            if state.process_state.terminal or state.complete_by <= now:
                 yield state
 
     def _states(self, candidates: Iterable[tuple[str, datetime, str]]):
@@ -330,7 +329,12 @@ class StateStore:
             self._index(order_id, now)
 
     def list_expired(self, now: datetime, *, younger_than_cannot_expire: timedelta = timedelta(0)) -> list[OrderState]:
-        return list(self.sweep(now, younger_than_cannot_expire=younger_than_cannot_expire))
+        """In-flight orders whose complete-by time has passed."""
+        return [
+            state
+            for state in self.sweep(now, younger_than_cannot_expire=younger_than_cannot_expire)
+            if not state.process_state.terminal
+        ]
 
     def list_by_state(self, state: ProcessState, *, limit: int = 50) -> list[OrderState]:
         """Operator view: rows in a given state, newest first. In-flight states are read

@@ -2,6 +2,7 @@
 
 pytest_plugins = [
     "tests.fixtures.azurite",
+    "tests.fixtures.tables",
     "tests.fixtures.report",
     "tests.fixtures.fake_remote",
 ]

@@ -1,0 +1,191 @@
+"""The state store against Azurite with the real SDK."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+
+import pytest
+from azure.data.tables import TableClient, TableTransactionError
+
+from core import lifecycle
+from core.models import OrderRequest, ProcessState, utcnow
+from core.store import ACTIVE_PARTITION, ConcurrencyConflict, OrderConflict, OrderNotFound, StateStore
+from tests.factories import order_json
+
+PENDING = timedelta(seconds=30)
+STEP = timedelta(seconds=30)
+
+
+def new_order(store: StateStore, order_id: str | None = None, **fields):
+    order = OrderRequest.model_validate_json(order_json(order_id, **fields))
+    return order, store.create_order(order, reply_to=None, now=utcnow(), pending_timeout=PENDING)
+
+
+def test_create_writes_order_state_and_index(store):
+    order, created = new_order(store)
+    assert created.created and created.state.process_state is ProcessState.PENDING
+    document, state = store.read(order.order_id)
+    assert document == order.document()
+    assert state == created.state
+    assert [row[0] for row in store.active_ids()] == [order.order_id]
+
+
+def test_a_transaction_with_a_failing_operation_leaves_no_row(orders_table: TableClient):
+    orders_table.create_entity({"PartitionKey": "p1", "RowKey": "state", "X": 1})
+    with pytest.raises(TableTransactionError):
+        orders_table.submit_transaction(
+            [
+                ("create", {"PartitionKey": "p1", "RowKey": "order", "Document": "{}"}),
+                ("create", {"PartitionKey": "p1", "RowKey": "state", "X": 2}),
+            ]
+        )
+    rows = list(orders_table.query_entities("PartitionKey eq @pk", parameters={"pk": "p1"}))
+    assert [(r["RowKey"], r["X"]) for r in rows] == [("state", 1)]
+
+
+def test_same_order_again_is_a_no_op(store):
+    order, first = new_order(store)
+    again = store.create_order(order, reply_to=None, now=utcnow() + timedelta(seconds=5), pending_timeout=PENDING)
+    assert not again.created
+    assert again.state == first.state  # nothing rewritten: same ETag, same times
+
+
+def test_different_content_under_the_same_id_is_refused_and_changes_nothing(store):
+    order, first = new_order(store)
+    other = order.model_copy(update={"customer_id": "someone-else"})
+    with pytest.raises(OrderConflict) as raised:
+        store.create_order(other, reply_to=None, now=utcnow(), pending_timeout=PENDING)
+    assert raised.value.existing == order.document()
+    document, state = store.read(order.order_id)
+    assert document == order.document() and state == first.state
+
+
+def test_times_are_stored_as_edm_datetime_and_filter_as_dates(store, orders_table):
+    _, created = new_order(store)
+    raw = orders_table.get_entity(created.state.order_id, "state")
+    # The SDK returns a datetime only for a property typed Edm.DateTime; a string
+    # would come back as str (and would compare as text in Azure's filters).
+    assert isinstance(raw["CompleteBy"], datetime) and raw["CompleteBy"].tzinfo is not None
+    later = created.state.complete_by + timedelta(seconds=1)
+    hits = list(orders_table.query_entities("CompleteBy lt @t", parameters={"t": later}))
+    assert [h["OrderId"] for h in hits] == [created.state.order_id]
+
+
+def test_claim_is_guarded_by_the_etag(store):
+    _, created = new_order(store)
+    now = utcnow()
+    claimed = store.claim(created.state.order_id, "i1", now, STEP, hint=created.state)
+    assert claimed.process_state is ProcessState.PROCESSING and claimed.attempt == 1
+    # A second claimer with the same (now stale) snapshot re-reads and finds it taken.
+    assert store.claim(created.state.order_id, "i2", now, STEP, hint=created.state) is None
+    # Writing any decision on the stale snapshot is refused.
+    with pytest.raises(ConcurrencyConflict):
+        store.write(created.state, lifecycle.claim(created.state, "i3", now, STEP))
+    assert store.get(created.state.order_id).locked_by == "i1"
+
+
+@pytest.mark.parametrize("kind", ["complete", "fail", "reset"])
+def test_each_transition_is_refused_on_a_stale_etag(store, kind):
+    _, created = new_order(store)
+    now = utcnow()
+    claimed = store.claim(created.state.order_id, "i1", now, STEP)
+    if kind == "complete":
+        new = claimed.model_copy(update={"process_state": ProcessState.PROCESSED})
+    elif kind == "fail":
+        new = lifecycle.fail(claimed, "boom", now)
+    else:
+        new = claimed.model_copy(update={"process_state": ProcessState.PENDING, "failure_count": 1})
+    moved = store.write(claimed, claimed.model_copy(update={"last_error": "someone else"}))
+    with pytest.raises(ConcurrencyConflict):
+        store.write(claimed, new)
+    assert store.transition(claimed, new) is None
+    assert store.get(claimed.order_id) == moved
+
+
+def test_missing_order_is_not_found(store):
+    with pytest.raises(OrderNotFound):
+        store.get("nope")
+    with pytest.raises(OrderNotFound):
+        store.read("nope")
+
+
+def test_unindex_succeeds_when_already_gone(store):
+    _, created = new_order(store)
+    store.unindex(created.state.order_id)
+    store.unindex(created.state.order_id)
+    assert store.active_ids() == []
+
+
+def test_sweep_reads_only_in_flight_rows(store):
+    """A table full of finished orders costs the sweep nothing: it reads the index."""
+    now = utcnow()
+    finished, in_flight = [], []
+    for i in range(40):
+        _, created = new_order(store)
+        claimed = store.claim(created.state.order_id, "i1", now, STEP, hint=created.state)
+        if i < 30:
+            done = store.write(claimed, claimed.model_copy(update={"process_state": ProcessState.PROCESSED}))
+            store.unindex(done.order_id)
+            finished.append(done.order_id)
+        else:
+            in_flight.append(claimed.order_id)
+    store.ops.clear()
+    expired = store.list_expired(now + STEP + timedelta(seconds=1))
+    assert sorted(s.order_id for s in expired) == sorted(in_flight)
+    assert store.ops["index_query"] == 1
+    assert store.ops["read"] == len(in_flight), "the sweep read rows that are not in flight"
+
+
+def test_sweep_skips_orders_too_young_to_have_expired(store):
+    new_order(store)
+    store.ops.clear()
+    assert store.list_expired(utcnow(), younger_than_cannot_expire=timedelta(minutes=5)) == []
+    assert store.ops["read"] == 0
+
+
+def test_sweep_heals_an_index_row_whose_order_is_terminal_or_missing(store, orders_table):
+    _, created = new_order(store)
+    claimed = store.claim(created.state.order_id, "i1", utcnow(), STEP)
+    store.write(claimed, claimed.model_copy(update={"process_state": ProcessState.PROCESSED}))
+    # An orphan: index row without order rows, older than the grace period.
+    orders_table.upsert_entity(
+        {"PartitionKey": ACTIVE_PARTITION, "RowKey": "ghost", "IndexedAt": utcnow() - timedelta(hours=1)}
+    )
+    terminal = list(store.sweep(utcnow(), younger_than_cannot_expire=timedelta(0)))
+    assert [s.order_id for s in terminal] == [created.state.order_id]  # handed to the supervisor to finish
+    assert [row[0] for row in store.active_ids()] == [created.state.order_id]
+
+
+def test_race_eight_claimers_per_order_exactly_one_winner(store, orders_table, storage_connection_string, report_figure):
+    orders = [new_order(store)[1].state for _ in range(200)]
+    per_thread = threading.local()
+
+    def own_store() -> StateStore:
+        # One client per thread, as competing scheduler instances would each have.
+        if not hasattr(per_thread, "store"):
+            per_thread.store = StateStore(
+                TableClient.from_connection_string(storage_connection_string, orders_table.table_name)
+            )
+        return per_thread.store
+
+    winners: Counter[str] = Counter()
+    lock = threading.Lock()
+    now = utcnow()
+
+    def attempt(order_id: str, claimer: int) -> None:
+        if own_store().claim(order_id, f"claimer-{claimer}", now, STEP) is not None:
+            with lock:
+                winners[order_id] += 1
+
+    # Eight claims per order, queued next to each other so the eight threads race on it.
+    tasks = [(state.order_id, c) for state in orders for c in range(8)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda t: attempt(*t), tasks))
+    single = sum(1 for state in orders if winners[state.order_id] == 1)
+    double = sum(1 for state in orders if winners[state.order_id] > 1)
+    report_figure(f"claims: {len(orders)} orders, {single} single winners, {double} double")
+    assert (single, double) == (200, 0)
+    assert {store.get(state.order_id).attempt for state in orders} == {1}
