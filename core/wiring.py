@@ -73,3 +73,13 @@ def services() -> Services:
             if _services is None:
                 _services = Services.from_settings(get_settings())
     return _services
+
+
+def reset() -> None:
+    """Forget the process's collaborators and settings (tests change settings between runs)."""
+    global _services
+    with _lock:
+        if _services is not None:
+            _services.publisher.close()
+        _services = None
+    get_settings.cache_clear()
