@@ -90,9 +90,14 @@ class RemoteClient:
         def time_left() -> float:
             return (request.complete_by - now()).total_seconds()
 
+        # Exponential from backoff_initial, plus up to one more backoff_initial of jitter.
+        exponential = wait_exponential_jitter(
+            multiplier=policy.backoff_initial, jitter=policy.backoff_initial, max=policy.backoff_max
+        )
+
         def wait(state: RetryCallState) -> float:
             error = state.outcome.exception() if state.outcome else None
-            backoff = wait_exponential_jitter(initial=policy.backoff_initial, max=policy.backoff_max)(state)
+            backoff = exponential(state)
             if isinstance(error, TransientRemoteError) and error.retry_after is not None:
                 return max(error.retry_after, policy.backoff_initial)  # the service said when
             return backoff

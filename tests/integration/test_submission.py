@@ -1,0 +1,86 @@
+"""The submission function, called directly with a fully populated Service Bus message,
+against Azurite and the Service Bus emulator."""
+
+from __future__ import annotations
+
+import json
+
+from azure.servicebus import ServiceBusClient
+
+from core.models import Nudge, ProcessState
+from core.wiring import services
+from scheduler.blueprint import submit_order
+from tests.factories import Captured, order_json, servicebus_message
+
+handler = submit_order.build().get_user_function()
+
+
+def submit(body: bytes, **properties) -> Captured:
+    nudge = Captured()
+    handler(servicebus_message(body, **properties), nudge)
+    return nudge
+
+
+def test_valid_order_is_written_pending_and_nudged(app_settings):
+    nudge = submit(order_json("o-1"))
+    state = services().store.get("o-1")
+    assert state.process_state is ProcessState.PENDING and state.attempt == 0
+    hint = Nudge.model_validate_json(nudge.value)
+    assert hint.order_id == "o-1" and hint.state.etag == state.etag  # lets the claim skip a read
+    assert services().rejections.list() == []
+
+
+def test_malformed_and_invalid_messages_are_kept_whole_with_the_reason(app_settings):
+    cases = {
+        b"{not json": "invalid order",
+        order_json("o-2", total=1.5): "not a JSON number",
+        order_json("o/3"): "order_id",
+        b"\xff\xfe": "order",
+    }
+    for i, (body, reason) in enumerate(cases.items()):
+        nudge = submit(body, message_id=f"bad-{i}")
+        assert nudge.value is None
+    kept = {row["MessageId"]: row for row in services().rejections.list()}
+    for i, (body, reason) in enumerate(cases.items()):
+        assert kept[f"bad-{i}"]["Body"] == body
+        assert reason in kept[f"bad-{i}"]["Reason"]
+    assert services().store.active_ids() == []
+
+
+def test_non_json_content_type_is_rejected(app_settings):
+    submit(order_json("o-4"), content_type="text/plain", message_id="txt")
+    (row,) = services().rejections.list()
+    assert "content type" in row["Reason"] and row["ContentType"] == "text/plain"
+
+
+def test_duplicate_message_is_a_no_op_but_nudges_a_pending_order_again(app_settings):
+    first = submit(order_json("o-5"))
+    before = services().store.get("o-5")
+    again = submit(order_json("o-5"), delivery_count=2)
+    assert services().store.get("o-5") == before
+    assert Nudge.model_validate_json(again.value).state == Nudge.model_validate_json(first.value).state
+
+
+def test_same_id_with_different_content_is_rejected_and_the_original_kept(app_settings):
+    submit(order_json("o-6"))
+    document, state = services().store.read("o-6")
+    submit(order_json("o-6", customer_id="mallory"), message_id="second")
+    assert services().store.read("o-6") == (document, state)
+    (row,) = services().rejections.list()
+    assert row["OrderId"] == "o-6" and "different content" in row["Reason"]
+    assert json.loads(row["Body"])["customer_id"] == "mallory"
+
+
+def test_reply_to_receives_a_received_event_and_a_missing_queue_does_not_block(app_settings, servicebus_emulator):
+    replies = "replies-o7"
+    servicebus_emulator.declare_queue(replies)
+    submit(order_json("o-7"), reply_to=replies)
+    submit(order_json("o-8"), reply_to="no-such-queue")
+    assert services().store.get("o-8").process_state is ProcessState.PENDING
+    with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
+        with client.get_queue_receiver(replies, max_wait_time=5) as receiver:
+            (message,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            event = json.loads(str(message))
+            receiver.complete_message(message)
+    assert event["order_id"] == "o-7" and event["status"] == "received"
+    assert message.correlation_id == "o-7"
