@@ -48,12 +48,12 @@ def _content_type_ok(content_type: str | None) -> bool:
     return media in _JSON_TYPES or media.endswith("+json")
 
 
-def explain(error: ValidationError) -> str:
-    """A validation error as one readable line per problem: ``field.path: message``."""
-    lines = []
-    for problem in error.errors(include_url=False):
-        where = ".".join(str(part) for part in problem["loc"]) or "body"
-        lines.append(f"{where}: {problem['msg']}")
+def explain(error: ValidationError, most: int = 10) -> str:
+    """A validation error as ``field.path: message`` per problem (the first ``most`` of them)."""
+    problems = error.errors(include_url=False)
+    lines = [f"{'.'.join(str(part) for part in p['loc']) or 'body'}: {p['msg']}" for p in problems[:most]]
+    if len(problems) > most:
+        lines.append(f"and {len(problems) - most} more problems")
     return "; ".join(lines)
 
 
