@@ -1,0 +1,3 @@
+from ordersctl.cli import main
+
+main()

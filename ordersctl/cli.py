@@ -1,0 +1,279 @@
+"""Commands: send-order, watch-status, status, list, alerts, dead-letters, rejections, resubmit.
+
+Exit codes: 0 success, 1 a clear failure (not found, refused, invalid), 2 usage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from core.models import OrderRequest, ProcessState, utcnow
+from core.settings import Settings
+from scheduler.submission import explain
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
+out = Console()
+err = Console(stderr=True)
+
+SettingsFile = Annotated[
+    Optional[Path],
+    typer.Option("--settings", help="A local.settings.json whose Values fill in unset environment variables."),
+]
+
+
+def fail(message: str) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}")
+    return typer.Exit(code=1)
+
+
+def load_settings(path: Path | None) -> Settings:
+    """Settings as the app reads them; ``local.settings.json`` in this folder by default."""
+    path = path or (Path("local.settings.json") if Path("local.settings.json").exists() else None)
+    if path is not None:
+        values = json.loads(path.read_text(encoding="utf-8")).get("Values", {})
+        for key, value in values.items():
+            os.environ.setdefault(key, str(value))
+    # The CLI never calls the remote service, so it does not need its URL.
+    overrides = {} if os.environ.get("REMOTE_SERVICE_URL") else {"REMOTE_SERVICE_URL": "http://unused-by-the-cli"}
+    try:
+        return Settings(**overrides)
+    except ValidationError as error:
+        raise fail(f"settings: {explain(error)}") from error
+
+
+class Context:
+    """Clients built on first use, so `--help` and usage errors need no connection."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._services = None
+
+    @property
+    def services(self):
+        if self._services is None:
+            from core.wiring import Services
+
+            self._services = Services.from_settings(self.settings)
+        return self._services
+
+    def servicebus(self):
+        from core import clients
+
+        return clients.servicebus_client(self.settings)
+
+
+def _context(settings: Path | None) -> Context:
+    return Context(load_settings(settings))
+
+
+def _parse_item(text: str) -> dict:
+    try:
+        sku, quantity, price = text.split(":")
+        return {"sku": sku, "quantity": int(quantity), "unit_price": price}
+    except ValueError as error:
+        raise typer.BadParameter(f"{text!r}: expected SKU:QUANTITY:UNIT_PRICE, e.g. sku-1:2:12.50") from error
+
+
+@app.command("send-order")
+def send_order(
+    file: Annotated[Optional[Path], typer.Option("--file", "-f", help="An order as JSON (see schemas/order.schema.json).")] = None,
+    order_id: Annotated[Optional[str], typer.Option(help="Order id (also the message id).")] = None,
+    customer: Annotated[Optional[str], typer.Option(help="Customer id.")] = None,
+    item: Annotated[Optional[list[str]], typer.Option(help="SKU:QUANTITY:UNIT_PRICE; repeat for more lines.")] = None,
+    currency: Annotated[str, typer.Option(help="ISO 4217 currency.")] = "EUR",
+    reply_to: Annotated[Optional[str], typer.Option("--reply-to", help="A queue to receive status events.")] = None,
+    settings: SettingsFile = None,
+) -> None:
+    """Validate an order against the model and send it to the orders queue."""
+    if file is not None:
+        body = file.read_bytes()
+    else:
+        if not (order_id and customer and item):
+            raise typer.BadParameter("give --file, or --order-id, --customer and at least one --item")
+        lines = [_parse_item(text) for text in item]
+        total = sum((Decimal(line["unit_price"]) * line["quantity"] for line in lines), Decimal(0))
+        body = json.dumps(
+            {"order_id": order_id, "customer_id": customer, "currency": currency, "items": lines, "total": f"{total:.2f}"}
+        ).encode()
+    try:
+        order = OrderRequest.model_validate_json(body)
+    except ValidationError as error:
+        raise fail(f"invalid order, not sent: {explain(error)}") from error
+    ctx = _context(settings)
+    from azure.servicebus import ServiceBusMessage
+
+    message = ServiceBusMessage(
+        order.document(), content_type="application/json", message_id=order.order_id, reply_to=reply_to
+    )
+    with ctx.servicebus() as client, client.get_queue_sender(ctx.settings.orders_queue) as sender:
+        sender.send_messages(message)
+    out.print(f"sent order [bold]{order.order_id}[/bold] to {ctx.settings.orders_queue}"
+              + (f" (status events to {reply_to})" if reply_to else ""))
+
+
+@app.command("watch-status")
+def watch_status(
+    queue: Annotated[str, typer.Argument(help="The reply queue named in --reply-to.")],
+    timeout: Annotated[float, typer.Option(help="Stop after this many seconds without an event.")] = 30.0,
+    count: Annotated[Optional[int], typer.Option(help="Stop after this many events.")] = None,
+    settings: SettingsFile = None,
+) -> None:
+    """Print status events from a reply queue as they arrive (and remove them)."""
+    ctx = _context(settings)
+    seen = 0
+    with ctx.servicebus() as client, client.get_queue_receiver(queue, max_wait_time=timeout) as receiver:
+        for message in receiver:
+            event = json.loads(str(message))
+            out.print(f"{event['time']}  {event['order_id']}  [bold]{event['status']}[/bold]  {event.get('detail') or ''}")
+            receiver.complete_message(message)
+            seen += 1
+            if count is not None and seen >= count:
+                break
+    if seen == 0:
+        err.print(f"no status events on {queue} within {timeout:g}s")
+
+
+@app.command()
+def status(
+    order_id: Annotated[str, typer.Argument(help="The order id.")],
+    settings: SettingsFile = None,
+) -> None:
+    """Show an order's state: state, attempts, failures, last error, time to deadline."""
+    from core.store import OrderNotFound
+
+    ctx = _context(settings)
+    try:
+        document, state = ctx.services.store.read(order_id)
+    except OrderNotFound as error:
+        raise fail(str(error)) from error
+    order = json.loads(document)
+    table = Table(show_header=False, box=None)
+    left = (state.complete_by - utcnow()).total_seconds()
+    rows = [
+        ("order", state.order_id),
+        ("state", state.process_state.value),
+        ("customer", order["customer_id"]),
+        ("items / total", f"{len(order['items'])} / {order['total']} {order['currency']}"),
+        ("attempt", str(state.attempt)),
+        ("failures", str(state.failure_count)),
+        ("locked by", state.locked_by or "-"),
+        ("complete by", f"{state.complete_by.isoformat()} ({'in %.0fs' % left if left >= 0 else '%.0fs ago' % -left})"),
+        ("last error", state.last_error or "-"),
+        ("reply to", state.reply_to or "-"),
+        ("created / updated", f"{state.created_at.isoformat()} / {state.updated_at.isoformat()}"),
+    ]
+    for key, value in rows:
+        table.add_row(f"[bold]{key}[/bold]", value)
+    out.print(table)
+
+
+@app.command("list")
+def list_orders(
+    state: Annotated[ProcessState, typer.Option(help="Which state to list.", case_sensitive=False)] = ProcessState.ERROR,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="Rows per page.")] = 20,
+    page: Annotated[int, typer.Option(min=1, help="Page number, newest first.")] = 1,
+    settings: SettingsFile = None,
+) -> None:
+    """List orders in a state, newest first."""
+    ctx = _context(settings)
+    rows = ctx.services.store.list_by_state(state, limit=limit * page)[(page - 1) * limit :]
+    table = Table("order", "state", "attempt", "failures", "updated", "last error")
+    for row in rows:
+        table.add_row(row.order_id, row.process_state.value, str(row.attempt), str(row.failure_count),
+                      row.updated_at.isoformat(timespec="seconds"), (row.last_error or "")[:80])
+    out.print(table)
+    out.print(f"{len(rows)} {state.value} order(s) on page {page}")
+
+
+def _peek(ctx: Context, queue: str, *, dead_letter: bool, most: int, take: bool):
+    from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
+
+    sub_queue = ServiceBusSubQueue.DEAD_LETTER if dead_letter else None
+    with ctx.servicebus() as client:
+        mode = ServiceBusReceiveMode.RECEIVE_AND_DELETE if take else ServiceBusReceiveMode.PEEK_LOCK
+        with client.get_queue_receiver(queue, sub_queue=sub_queue, receive_mode=mode, max_wait_time=2) as receiver:
+            if take:
+                return receiver.receive_messages(max_message_count=most, max_wait_time=2)
+            return receiver.peek_messages(max_message_count=most)
+
+
+@app.command()
+def alerts(
+    most: Annotated[int, typer.Option("--max", min=1, help="How many to show.")] = 50,
+    take: Annotated[bool, typer.Option("--take", help="Remove them from the queue (default: peek).")] = False,
+    settings: SettingsFile = None,
+) -> None:
+    """Show operator alerts (orders that ended in Error)."""
+    ctx = _context(settings)
+    messages = _peek(ctx, ctx.settings.alerts_queue, dead_letter=False, most=most, take=take)
+    table = Table("time", "order", "failures", "last error")
+    for message in messages:
+        alert = json.loads(str(message))
+        table.add_row(alert["time"], alert["order_id"], str(alert["failure_count"]), (alert.get("last_error") or "")[:100])
+    out.print(table)
+    out.print(f"{len(messages)} alert(s)" + (" taken" if take else " (peeked; --take removes them)"))
+
+
+@app.command("dead-letters")
+def dead_letters(
+    queue: Annotated[str, typer.Argument(help="The queue whose dead-letter queue to show.")],
+    most: Annotated[int, typer.Option("--max", min=1)] = 50,
+    settings: SettingsFile = None,
+) -> None:
+    """Show dead-lettered messages of a queue with their reasons (peek)."""
+    ctx = _context(settings)
+    messages = _peek(ctx, queue, dead_letter=True, most=most, take=False)
+    table = Table("message id", "reason", "description", "body")
+    for message in messages:
+        table.add_row(str(message.message_id), str(message.dead_letter_reason or ""),
+                      str(message.dead_letter_error_description or "")[:80], str(message)[:60])
+    out.print(table)
+    out.print(f"{len(messages)} dead-lettered message(s) on {queue}")
+
+
+@app.command()
+def rejections(
+    day: Annotated[Optional[str], typer.Option(help="UTC day YYYY-MM-DD (default: all).")] = None,
+    limit: Annotated[int, typer.Option(min=1)] = 20,
+    settings: SettingsFile = None,
+) -> None:
+    """Show order messages that were refused, with the reason, newest first."""
+    ctx = _context(settings)
+    rows = ctx.services.rejections.list(day=day, limit=limit)
+    table = Table("rejected at", "message id", "reason", "body")
+    for row in rows:
+        table.add_row(row["RejectedAt"].isoformat(timespec="seconds"), row["MessageId"], row["Reason"][:100],
+                      row["Body"][:60].decode("utf-8", errors="replace"))
+    out.print(table)
+
+
+@app.command()
+def resubmit(
+    order_id: Annotated[str, typer.Argument(help="An order in Error.")],
+    settings: SettingsFile = None,
+) -> None:
+    """Send an order in Error back to Pending (failure count cleared) and nudge the scheduler."""
+    from core.store import OrderNotFound
+    from supervisor.supervision import NotResubmittable
+    from supervisor.supervision import resubmit as do_resubmit
+
+    ctx = _context(settings)
+    s = ctx.services
+    try:
+        state = do_resubmit(order_id, store=s.store, nudger=s.nudger, now=utcnow(), pending_timeout=s.settings.pending_timeout)
+    except (OrderNotFound, NotResubmittable) as error:
+        raise fail(str(error)) from error
+    out.print(f"order [bold]{order_id}[/bold] resubmitted: {state.process_state.value}, next attempt {state.attempt + 1}")
+
+
+def main() -> None:
+    app(prog_name="ordersctl")
