@@ -125,6 +125,14 @@ class Deployment:
                 found.extend(deployment.all_resources())
         return found
 
+    def deployments_of(self, file_name: str) -> list["Deployment"]:
+        """This deployment and every nested module deployment made from ``file_name``."""
+        found = [self] if self.file.name == file_name else []
+        for deployments in self.modules.values():
+            for deployment in deployments:
+                found.extend(deployment.deployments_of(file_name))
+        return found
+
     def of_type(self, resource_type: str, *, existing: bool = False) -> list[Resource]:
         wanted = resource_type.lower()
         return [r for r in self.all_resources() if r.type.lower() == wanted and r.existing == existing]

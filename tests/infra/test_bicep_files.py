@@ -112,6 +112,25 @@ def test_parameters_file_matches_main():
         assert re.fullmatch(r"\$\{[A-Z_]+(=[^}]*)?\}", entry["value"]), f"{name}: azd environment reference expected"
 
 
+def test_resource_group_template_deploys_the_same_resources(deployment):
+    """resources.bicep alone (az deployment group create) = main.bicep minus the group."""
+    from tests.infra.conftest import DEPLOY_PARAMS
+
+    main_params = bicep.template(MAIN.resolve()).params
+    group_params = bicep.template((INFRA / "resources.bicep").resolve()).params
+    assert set(group_params) == set(main_params) - {"resourceGroupName"}
+    # main.bicep passes every parameter through unchanged.
+    (module,) = [d for d in deployment.modules["resources"]]
+    assert module.file.name == "resources.bicep"
+    standalone = bicep.evaluate(INFRA / "resources.bicep", {k: v for k, v in DEPLOY_PARAMS.items() if k != "location"})
+
+    def shape(d):
+        return sorted((r.type, str(r.name)) for r in d.all_resources())
+
+    assert shape(standalone) == shape(module)
+    assert set(standalone.outputs) <= set(deployment.outputs)
+
+
 def test_azure_yaml_deploys_this_folder_to_the_tagged_app(deployment):
     text = (ROOT / "azure.yaml").read_text()
     assert re.search(r"^infra:\n(?:  .*\n)*?  provider: bicep\n", text, re.M)

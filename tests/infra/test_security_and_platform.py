@@ -142,7 +142,7 @@ def test_alerts_reach_the_operator_by_email(deployment):
 
 
 def test_alert_scopes_are_the_service_bus_namespace(deployment):
-    alerts_module = deployment.modules["alerts"][0]
+    (alerts_module,) = deployment.deployments_of("alerts.bicep")
     (existing,) = alerts_module.of_type("Microsoft.ServiceBus/namespaces", existing=True)
     for alert in alerts_module.of_type("Microsoft.Insights/metricAlerts"):
         assert alert.properties["scopes"] == [bicep.ResourceId(existing.symbol, str(existing.file))]
