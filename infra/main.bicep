@@ -1,15 +1,10 @@
-// Scheduler Agent Supervisor on Azure Functions: everything `azd up` provisions.
+// Scheduler Agent Supervisor on Azure Functions: what `azd up` provisions.
 //
-//   resource group
-//   ├─ user-assigned managed identity  (the app's only credential: no keys anywhere)
-//   ├─ storage account                 (host storage, deployment package, state tables, scheduler queue)
-//   ├─ Service Bus namespace, Standard (orders, agent-requests, agent-responses, alerts)
-//   ├─ Log Analytics + Application Insights (Entra ID ingestion only)
-//   ├─ Flex Consumption plan + function app (Linux, Python 3.11)
-//   └─ action group (email) + metric alerts (dead letters, operator alerts)
+// This file creates the resource group and deploys resources.bicep into it; the
+// resources, and the reasons for each setting, are described there.
 //
-// Queue, table and app-setting names below are the ones in core/names.py; tests/infra
-// checks that the two agree, and that every binding in function_app.py is provisioned.
+//   az deployment sub create --location <region> --template-file infra/main.bicep \
+//     --parameters environmentName=<env> location=<region> remoteServiceUrl=<url> alertEmail=<email>
 
 targetScope = 'subscription'
 
@@ -83,233 +78,33 @@ param instanceMemoryMB int = 2048
 @description('Grant the app identity Azure Service Bus Data Owner so the platform can read queue lengths to scale the Service Bus triggers (reading runtime properties needs the Manage claim). Set false to keep the app at Data Sender + Data Receiver only.')
 param serviceBusScaleMonitoring bool = true
 
-// --- Names ---------------------------------------------------------------------------------
-
-var resourceToken = toLower(uniqueString(subscription().id, environmentName, location))
-var tags = {
-  'azd-env-name': environmentName
-}
-var functionAppName = 'func-${resourceToken}'
-// One blob container per app for its deployment package (functionAppConfig.deployment).
-var deploymentContainerName = 'app-package-${take(functionAppName, 32)}-${take(resourceToken, 7)}'
-
-// The app's queue and table names: the defaults in core/names.py.
-var ordersQueueName = 'orders'
-var agentRequestsQueueName = 'agent-requests'
-var agentResponsesQueueName = 'agent-responses'
-var alertsQueueName = 'alerts'
-var schedulerQueueName = 'scheduler'
-var ordersTableName = 'orders'
-var rejectionsTableName = 'rejections'
-
-// --- Service Bus queues ----------------------------------------------------------------------
-// Every property is written out, so the values are visible here and comparable with
-// core/names.py (SERVICEBUS_QUEUES). Azure's defaults are lockDuration PT1M,
-// maxDeliveryCount 10, no expiry, no dead-lettering on expiry, no duplicate detection;
-// the comments explain each departure. One departure is shared: messages expire after
-// 14 days (alerts: 7), so a queue nobody drains does not grow forever. No sessions, no
-// partitioning: ordering is not needed, and the state table serializes each order.
-var serviceBusQueues = [
-  {
-    // Orders from any client.
-    name: ordersQueueName
-    properties: {
-      // The submit_order function holds the lock only to write two table rows; a
-      // minute (plus the host's lock renewal) is ample.
-      lockDuration: 'PT1M'
-      // A transient failure (storage throttled) is retried by redelivery; after 10
-      // tries the order is kept whole in the dead-letter queue, where the alert below
-      // points the operator. Invalid orders never get here: the app rejects them
-      // into the rejections table on the first delivery.
-      maxDeliveryCount: 10
-      defaultMessageTimeToLive: 'P14D'
-      // An order nobody read in time is an operator's problem, not a silent loss.
-      deadLetteringOnMessageExpiration: true
-      // A client that resends after a timeout must not create a second order:
-      // Service Bus drops a repeat MessageId inside the window. The app's own
-      // idempotency (the order row keyed by order id) covers anything older.
-      requiresDuplicateDetection: true
-      duplicateDetectionHistoryTimeWindow: 'P1D'
-    }
-  }
-  {
-    // Scheduler -> agent. Each request carries its own time-to-live (complete-by
-    // minus now), always shorter than the queue default.
-    name: agentRequestsQueueName
-    properties: {
-      // The agent stops at complete-by (STEP_TIMEOUT_SECONDS, 30 s by default), so a
-      // one-minute lock outlives any attempt.
-      lockDuration: 'PT1M'
-      // Fewer redeliveries than the default: each one repeats remote calls, and the
-      // supervisor re-runs the step anyway once complete-by passes.
-      maxDeliveryCount: 5
-      defaultMessageTimeToLive: 'P14D'
-      // An expired request is DISCARDED, not dead-lettered: the pattern forbids acting
-      // after complete-by, and the supervisor recovers the step. A dead-lettered copy
-      // would only invite someone to replay it late.
-      deadLetteringOnMessageExpiration: false
-      requiresDuplicateDetection: false
-    }
-  }
-  {
-    // Agent -> scheduler. Duplicates and stale attempts are fenced by the app
-    // (the Attempt number), so no broker-side duplicate detection is needed.
-    name: agentResponsesQueueName
-    properties: {
-      lockDuration: 'PT1M'
-      maxDeliveryCount: 10
-      defaultMessageTimeToLive: 'P14D'
-      deadLetteringOnMessageExpiration: false
-      requiresDuplicateDetection: false
-    }
-  }
-  {
-    // Operator alerts (orders in Error). A metric alert e-mails the operator while
-    // this queue is not empty; what nobody read within a week is dropped (the order's
-    // Error state stays in the table).
-    name: alertsQueueName
-    properties: {
-      lockDuration: 'PT1M'
-      maxDeliveryCount: 10
-      defaultMessageTimeToLive: 'P7D'
-      deadLetteringOnMessageExpiration: false
-      requiresDuplicateDetection: false
-    }
-  }
-]
-
 // --- Resources -------------------------------------------------------------------------
 
 resource rg 'Microsoft.Resources/resourceGroups@2022-09-01' = {
   name: !empty(resourceGroupName) ? resourceGroupName : 'rg-${environmentName}'
   location: location
-  tags: tags
-}
-
-module identity 'core/security/user-assigned-identity.bicep' = {
-  name: 'identity'
-  scope: rg
-  params: {
-    name: 'id-${resourceToken}'
-    location: location
-    tags: tags
+  tags: {
+    'azd-env-name': environmentName
   }
 }
 
-// The app's identity, plus the developer's when principalId is given: both get the
-// data roles (granted next to each resource, in its module).
-var appPrincipals = [
-  {
-    id: identity.outputs.principalId
-    type: 'ServicePrincipal'
-  }
-]
-var developerPrincipals = empty(principalId) ? [] : [
-  {
-    id: principalId
-    type: principalType
-  }
-]
-var dataPrincipals = concat(appPrincipals, developerPrincipals)
-
-module monitoring 'core/monitor/monitoring.bicep' = {
-  name: 'monitoring'
+module resources 'resources.bicep' = {
+  name: 'resources'
   scope: rg
   params: {
-    logAnalyticsName: 'log-${resourceToken}'
-    applicationInsightsName: 'appi-${resourceToken}'
+    environmentName: environmentName
     location: location
-    tags: tags
-    metricsPublisherPrincipalId: identity.outputs.principalId
-  }
-}
-
-module storage 'core/storage/storage-account.bicep' = {
-  name: 'storage'
-  scope: rg
-  params: {
-    name: 'st${resourceToken}'
-    location: location
-    tags: tags
-    deploymentContainerName: deploymentContainerName
-    // The Functions host moves a nudge that failed maxDequeueCount times (host.json)
-    // to <queue>-poison. Provisioned up front so it exists, empty, where the operator
-    // looks. (A poisoned nudge loses no order: the supervisor re-nudges the row.)
-    queueNames: [
-      schedulerQueueName
-      '${schedulerQueueName}-poison'
-    ]
-    tableNames: [
-      ordersTableName
-      rejectionsTableName
-    ]
-    dataPrincipals: dataPrincipals
-  }
-}
-
-module serviceBus 'core/messaging/service-bus.bicep' = {
-  name: 'serviceBus'
-  scope: rg
-  params: {
-    name: 'sb-${resourceToken}'
-    location: location
-    tags: tags
-    queues: serviceBusQueues
-    dataPrincipals: dataPrincipals
-    scaleMonitorPrincipalId: serviceBusScaleMonitoring ? identity.outputs.principalId : ''
-  }
-}
-
-module functionApp 'app/function-app.bicep' = {
-  name: 'functionApp'
-  scope: rg
-  params: {
-    name: functionAppName
-    planName: 'plan-${resourceToken}'
-    location: location
-    tags: tags
-    serviceName: 'app'
-    identityId: identity.outputs.resourceId
-    identityClientId: identity.outputs.clientId
-    storageAccountName: storage.outputs.name
-    deploymentContainerName: deploymentContainerName
-    applicationInsightsName: monitoring.outputs.applicationInsightsName
+    remoteServiceUrl: remoteServiceUrl
+    alertEmail: alertEmail
+    principalId: principalId
+    principalType: principalType
+    stepTimeoutSeconds: stepTimeoutSeconds
+    pendingTimeoutSeconds: pendingTimeoutSeconds
+    maxFailures: maxFailures
+    supervisorSchedule: supervisorSchedule
     maximumInstanceCount: maximumInstanceCount
     instanceMemoryMB: instanceMemoryMB
-    // What the app itself reads (core/settings.py). Every value is a name or a
-    // number: connections are identity-based, there is no secret to set.
-    appSettings: {
-      // Service Bus connection named by the triggers' `connection=` (ServiceBusConnection).
-      ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
-      ServiceBusConnection__credential: 'managedidentity'
-      ServiceBusConnection__clientId: identity.outputs.clientId
-      // Queue and table names, read by bindings as %SETTING% and by the app.
-      ORDERS_QUEUE: ordersQueueName
-      AGENT_REQUESTS_QUEUE: agentRequestsQueueName
-      AGENT_RESPONSES_QUEUE: agentResponsesQueueName
-      ALERTS_QUEUE: alertsQueueName
-      SCHEDULER_QUEUE: schedulerQueueName
-      ORDERS_TABLE: ordersTableName
-      REJECTIONS_TABLE: rejectionsTableName
-      // The remote service and the scheduler/supervisor policy.
-      REMOTE_SERVICE_URL: remoteServiceUrl
-      STEP_TIMEOUT_SECONDS: string(stepTimeoutSeconds)
-      PENDING_TIMEOUT_SECONDS: string(pendingTimeoutSeconds)
-      MAX_FAILURES: string(maxFailures)
-      SUPERVISOR_SCHEDULE: supervisorSchedule
-    }
-  }
-}
-
-module alerts 'app/alerts.bicep' = {
-  name: 'alerts'
-  scope: rg
-  params: {
-    actionGroupName: 'ag-${resourceToken}'
-    alertEmail: alertEmail
-    serviceBusNamespaceName: serviceBus.outputs.name
-    alertsQueueName: alertsQueueName
-    tags: tags
+    serviceBusScaleMonitoring: serviceBusScaleMonitoring
   }
 }
 
@@ -318,10 +113,10 @@ module alerts 'app/alerts.bicep' = {
 output AZURE_LOCATION string = location
 output AZURE_TENANT_ID string = tenant().tenantId
 output AZURE_RESOURCE_GROUP string = rg.name
-output AZURE_FUNCTION_APP_NAME string = functionApp.outputs.name
-output SERVICE_APP_NAME string = functionApp.outputs.name
-output AZURE_STORAGE_ACCOUNT_NAME string = storage.outputs.name
-output AZURE_SERVICEBUS_NAMESPACE_NAME string = serviceBus.outputs.name
-output AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
-output AZURE_MANAGED_IDENTITY_CLIENT_ID string = identity.outputs.clientId
-output AZURE_APPLICATION_INSIGHTS_NAME string = monitoring.outputs.applicationInsightsName
+output AZURE_FUNCTION_APP_NAME string = resources.outputs.AZURE_FUNCTION_APP_NAME
+output SERVICE_APP_NAME string = resources.outputs.AZURE_FUNCTION_APP_NAME
+output AZURE_STORAGE_ACCOUNT_NAME string = resources.outputs.AZURE_STORAGE_ACCOUNT_NAME
+output AZURE_SERVICEBUS_NAMESPACE_NAME string = resources.outputs.AZURE_SERVICEBUS_NAMESPACE_NAME
+output AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = resources.outputs.AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE
+output AZURE_MANAGED_IDENTITY_CLIENT_ID string = resources.outputs.AZURE_MANAGED_IDENTITY_CLIENT_ID
+output AZURE_APPLICATION_INSIGHTS_NAME string = resources.outputs.AZURE_APPLICATION_INSIGHTS_NAME
