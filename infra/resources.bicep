@@ -19,7 +19,7 @@
 
 @minLength(1)
 @maxLength(64)
-@description('Name of the azd environment. Used for the resource group name and, hashed, in every resource name.')
+@description('Name of the azd environment. Hashed into every resource name, and set as the azd-env-name tag.')
 param environmentName string
 
 @minLength(1)
@@ -112,8 +112,8 @@ var serviceBusQueues = [
       // minute (plus the host's lock renewal) is ample.
       lockDuration: 'PT1M'
       // A transient failure (storage throttled) is retried by redelivery; after 10
-      // tries the order is kept whole in the dead-letter queue, where the alert below
-      // points the operator. Invalid orders never get here: the app rejects them
+      // tries the order is kept whole in the dead-letter queue, where the dead-letter
+      // alert (app/alerts.bicep) points the operator. Invalid orders never get here: the app rejects them
       // into the rejections table on the first delivery.
       maxDeliveryCount: 10
       defaultMessageTimeToLive: 'P14D'
