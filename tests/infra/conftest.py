@@ -50,7 +50,7 @@ def app_settings_of(deployment: bicep.Deployment) -> dict:
 
 
 @pytest.fixture(scope="session")
-def app_settings(deployment) -> dict:
+def deployed_settings(deployment) -> dict:
     return app_settings_of(deployment)
 
 

@@ -31,26 +31,26 @@ LOCATOR = {SB_QUEUE: "fullyQualifiedNamespace", STORAGE_QUEUE: "accountName", TA
 _SETTING_REF = re.compile(r"^%([^%]+)%$")
 
 
-def resolve(value: str, app_settings: dict) -> str:
+def resolve(value: str, deployed_settings: dict) -> str:
     """A binding value as the host resolves it: ``%NAME%`` is the app setting NAME."""
     match = _SETTING_REF.match(value)
     if not match:
         return value
     setting = match.group(1)
-    assert setting in app_settings, f"%{setting}% is used by a binding but no app setting {setting} is set"
-    resolved = app_settings[setting]
+    assert setting in deployed_settings, f"%{setting}% is used by a binding but no app setting {setting} is set"
+    resolved = deployed_settings[setting]
     assert isinstance(resolved, str), f"app setting {setting} is not a known string: {resolved}"
     return resolved
 
 
-def assert_identity_connection(connection: str, resource_type: str, app_settings: dict) -> None:
-    assert connection not in app_settings, (
+def assert_identity_connection(connection: str, resource_type: str, deployed_settings: dict) -> None:
+    assert connection not in deployed_settings, (
         f"{connection} is set as a connection string; Azure uses the identity-based {connection}__* form"
     )
     locator = f"{connection}__{LOCATOR[resource_type]}"
-    assert locator in app_settings, f"connection {connection}: no {locator} app setting"
-    assert app_settings.get(f"{connection}__credential") == "managedidentity", f"{connection}__credential"
-    assert f"{connection}__clientId" in app_settings, f"{connection}__clientId (user-assigned identity)"
+    assert locator in deployed_settings, f"connection {connection}: no {locator} app setting"
+    assert deployed_settings.get(f"{connection}__credential") == "managedidentity", f"{connection}__credential"
+    assert f"{connection}__clientId" in deployed_settings, f"{connection}__clientId (user-assigned identity)"
 
 
 # --- function_app.py ---------------------------------------------------------------------
@@ -60,7 +60,7 @@ def test_function_app_has_functions(function_bindings):
     assert function_bindings, "function_app.py registers no function"
 
 
-def test_every_binding_is_provisioned(function_bindings, deployment, app_settings):
+def test_every_binding_is_provisioned(function_bindings, deployment, deployed_settings):
     checked = []
     for function, bindings in function_bindings.items():
         for binding in bindings:
@@ -70,25 +70,25 @@ def test_every_binding_is_provisioned(function_bindings, deployment, app_setting
             # Every %SETTING% anywhere in the binding must be an app setting.
             for key, value in binding.items():
                 if isinstance(value, str) and _SETTING_REF.match(value):
-                    resolve(value, app_settings)
+                    resolve(value, deployed_settings)
             if resource_type is None:
                 continue
             assert "topicName" not in binding, f"{function}: topics are not provisioned"
-            target = resolve(binding.get("tableName") or binding["queueName"], app_settings)
+            target = resolve(binding.get("tableName") or binding["queueName"], deployed_settings)
             provisioned = names_of(deployment, resource_type)
             assert target in provisioned, f"{function}: {kind} uses {target!r}, not in {sorted(provisioned)}"
             if kind == "queueTrigger":
                 poison = target + names.POISON_SUFFIX
                 assert poison in provisioned, f"{function}: no poison queue {poison!r}"
-            assert_identity_connection(binding.get("connection") or default_connection, resource_type, app_settings)
+            assert_identity_connection(binding.get("connection") or default_connection, resource_type, deployed_settings)
             checked.append((function, kind, target))
     assert checked, "no binding named a queue or a table"
 
 
-def test_timer_schedules_resolve_to_ncrontab_with_seconds(function_bindings, app_settings):
+def test_timer_schedules_resolve_to_ncrontab_with_seconds(function_bindings, deployed_settings):
     schedules = [b["schedule"] for bs in function_bindings.values() for b in bs if b["type"] == "timerTrigger"]
     for schedule in schedules:
-        value = resolve(schedule, app_settings)
+        value = resolve(schedule, deployed_settings)
         assert len(value.split()) == 6, f"timer schedule {value!r} is not six-field NCRONTAB"
 
 
@@ -120,13 +120,13 @@ def test_tables_match_core_names(deployment):
     assert names_of(deployment, TABLE) == {name for name, _ in names.TABLES}
 
 
-def test_name_settings_point_at_the_provisioned_names(app_settings):
-    assert {k: app_settings.get(k) for k in names.NAME_SETTINGS} == names.NAME_SETTINGS
+def test_name_settings_point_at_the_provisioned_names(deployed_settings):
+    assert {k: deployed_settings.get(k) for k in names.NAME_SETTINGS} == names.NAME_SETTINGS
 
 
-def test_both_connections_are_identity_based(app_settings):
-    assert_identity_connection(names.SERVICEBUS_CONNECTION, SB_QUEUE, app_settings)
-    assert_identity_connection(names.STORAGE_CONNECTION, TABLE, app_settings)
+def test_both_connections_are_identity_based(deployed_settings):
+    assert_identity_connection(names.SERVICEBUS_CONNECTION, SB_QUEUE, deployed_settings)
+    assert_identity_connection(names.STORAGE_CONNECTION, TABLE, deployed_settings)
 
 
 # --- core/settings.py ---------------------------------------------------------------------
@@ -137,19 +137,19 @@ def aliases(field) -> list[str]:
     return list(getattr(alias, "choices", None) or [alias])
 
 
-def test_every_required_setting_is_set(app_settings):
+def test_every_required_setting_is_set(deployed_settings):
     required = {name: aliases(f) for name, f in Settings.model_fields.items() if f.is_required()}
     assert required, "Settings has no required field: this test would check nothing"
     for field, field_aliases in required.items():
-        assert any(a in app_settings for a in field_aliases), f"Settings.{field}: none of {field_aliases} is set"
+        assert any(a in deployed_settings for a in field_aliases), f"Settings.{field}: none of {field_aliases} is set"
 
 
-def test_settings_validate_from_the_deployed_app_settings(app_settings, monkeypatch):
+def test_settings_validate_from_the_deployed_app_settings(deployed_settings, monkeypatch):
     """Build Settings from exactly what the Bicep sets (deploy-time values as placeholders)."""
     for field in Settings.model_fields.values():
         for alias in aliases(field):
             monkeypatch.delenv(alias, raising=False)
-    for key, value in app_settings.items():
+    for key, value in deployed_settings.items():
         monkeypatch.setenv(key, value if isinstance(value, str) else f"placeholder-for-{key}")
     settings = Settings()
     assert settings.storage_connection_string is None and settings.servicebus_connection_string is None

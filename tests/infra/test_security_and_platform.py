@@ -38,14 +38,14 @@ def test_no_key_or_key_based_connection_string(path):
         assert not match, f"{path.name}: {match.group(0)!r} (pattern {pattern})"
 
 
-def test_no_app_setting_is_a_connection_string(app_settings):
-    for key, value in app_settings.items():
+def test_no_app_setting_is_a_connection_string(deployed_settings):
+    for key, value in deployed_settings.items():
         literal = value if isinstance(value, str) else value.text
         assert not re.search(r"(Key|Signature|Password)\s*=", literal, re.I), f"{key} carries a credential"
-    assert names.STORAGE_CONNECTION not in app_settings
-    assert names.SERVICEBUS_CONNECTION not in app_settings
+    assert names.STORAGE_CONNECTION not in deployed_settings
+    assert names.SERVICEBUS_CONNECTION not in deployed_settings
     # Not a credential: a reference to the component's own property (local auth is off).
-    assert app_settings["APPLICATIONINSIGHTS_CONNECTION_STRING"].text == "applicationInsights.properties.ConnectionString"
+    assert deployed_settings["APPLICATIONINSIGHTS_CONNECTION_STRING"].text == "applicationInsights.properties.ConnectionString"
 
 
 def only(deployment: bicep.Deployment, resource_type: str) -> bicep.Resource:
@@ -70,13 +70,13 @@ def test_service_bus_is_standard_with_local_auth_disabled(deployment):
     assert namespace.properties["minimumTlsVersion"] == "1.2"
 
 
-def test_application_insights_takes_entra_id_tokens_only(deployment, app_settings):
+def test_application_insights_takes_entra_id_tokens_only(deployment, deployed_settings):
     component = only(deployment, "Microsoft.Insights/components")
     assert component.properties["DisableLocalAuth"] is True
     assert component.properties["WorkspaceResourceId"] == bicep.ResourceId(
         "logAnalytics", str(only(deployment, "Microsoft.OperationalInsights/workspaces").file)
     )
-    auth = app_settings["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"]
+    auth = deployed_settings["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"]
     assert auth.text == "'ClientId=${identityClientId};Authorization=AAD'"
 
 
@@ -94,7 +94,7 @@ def test_function_app_is_flex_consumption_linux_python_311(deployment):
     assert site.properties["siteConfig"]["minTlsVersion"] == "1.2"
 
 
-def test_function_app_runs_as_the_user_assigned_identity(deployment, app_settings):
+def test_function_app_runs_as_the_user_assigned_identity(deployment, deployed_settings):
     site = only(deployment, "Microsoft.Web/sites")
     identity = site.body["identity"]
     assert identity["type"] == "UserAssigned"
@@ -105,15 +105,15 @@ def test_function_app_runs_as_the_user_assigned_identity(deployment, app_setting
     (uami,) = deployment.of_type("Microsoft.ManagedIdentity/userAssignedIdentities")
     assert storage["authentication"]["userAssignedIdentityResourceId"] == bicep.ResourceId(uami.symbol, str(uami.file))
     # Every clientId names the same identity the app runs as.
-    client_ids = {k: v for k, v in app_settings.items() if k.endswith("__clientId") or k == "AZURE_CLIENT_ID"}
+    client_ids = {k: v for k, v in deployed_settings.items() if k.endswith("__clientId") or k == "AZURE_CLIENT_ID"}
     assert len(client_ids) >= 3
     assert {v.text for v in client_ids.values()} == {"identity.properties.clientId"}
 
 
-def test_no_setting_flex_consumption_rejects(app_settings):
+def test_no_setting_flex_consumption_rejects(deployed_settings):
     for key in ("FUNCTIONS_WORKER_RUNTIME", "FUNCTIONS_EXTENSION_VERSION", "WEBSITE_RUN_FROM_PACKAGE",
                 "WEBSITE_CONTENTAZUREFILECONNECTIONSTRING", "WEBSITE_CONTENTSHARE"):
-        assert key not in app_settings, key
+        assert key not in deployed_settings, key
 
 
 def test_alerts_reach_the_operator_by_email(deployment):
