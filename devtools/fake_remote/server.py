@@ -18,6 +18,7 @@ import logging
 import select
 import socket
 import socketserver
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -91,7 +92,10 @@ class _Server(ThreadingHTTPServer):
                 pass
 
     def handle_error(self, request, client_address) -> None:
-        log.debug("error serving %s", client_address, exc_info=True)
+        if isinstance(sys.exc_info()[1], OSError):  # the client went away, or stop() closed it
+            log.debug("connection error serving %s", client_address, exc_info=True)
+        else:
+            log.error("unexpected error serving %s", client_address, exc_info=True)
 
 
 class _Handler(BaseHTTPRequestHandler):
