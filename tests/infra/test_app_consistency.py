@@ -69,8 +69,8 @@ def test_every_binding_is_provisioned(function_bindings, deployment, deployed_se
             resource_type, default_connection = BINDING_KINDS[kind]
             # Every %SETTING% anywhere in the binding must be an app setting.
             for key, value in binding.items():
-                if isinstance(value, str) and _SETTING_REF.match(value):
-                    resolve(value, deployed_settings)
+                for setting in re.findall(r"%([^%]+)%", value) if isinstance(value, str) else ():
+                    assert setting in deployed_settings, f"{function}.{key}: %{setting}% is not an app setting"
             if resource_type is None:
                 continue
             assert "topicName" not in binding, f"{function}: topics are not provisioned"
@@ -157,6 +157,7 @@ def test_settings_validate_from_the_deployed_app_settings(deployed_settings, mon
     assert settings.orders_queue == names.ORDERS_QUEUE
     assert settings.scheduler_queue == names.SCHEDULER_QUEUE
     assert settings.supervisor_schedule == names.DEFAULT_SUPERVISOR_SCHEDULE
+    assert (settings.step_timeout_seconds, settings.pending_timeout_seconds, settings.max_failures) == (30, 30, 3)
 
 
 #: App setting -> (main.bicep parameter, a value to pass, what the setting must become).
