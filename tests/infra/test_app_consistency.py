@@ -24,6 +24,8 @@ BINDING_KINDS = {
     "queue": (STORAGE_QUEUE, "AzureWebJobsStorage"),
     "table": (TABLE, "AzureWebJobsStorage"),
     "timerTrigger": (None, None),
+    "httpTrigger": (None, None),  # nothing to provision
+    "http": (None, None),
 }
 #: Which identity-based setting locates the service, per resource kind.
 LOCATOR = {SB_QUEUE: "fullyQualifiedNamespace", STORAGE_QUEUE: "accountName", TABLE: "accountName"}
