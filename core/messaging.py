@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from datetime import datetime, timedelta
 
@@ -20,6 +21,10 @@ from core.models import STEP, AgentRequest, AgentResponse, Alert, Nudge, StatusE
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
+#: A status event may hold up the order's function this long at most...
+STATUS_SEND_TIMEOUT = 2.0
+#: ...and a reply queue that failed is left alone this long before the next try.
+BROKEN_QUEUE_PAUSE = 60.0
 
 
 def agent_request_id(order_id: str, step: str, attempt: int) -> str:
@@ -34,10 +39,12 @@ class Publisher:
         self._senders: dict[str, object] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        #: Reply queues whose last send failed, with when to try them again.
+        self._broken: dict[str, float] = {}
         #: Service Bus sends by kind, for benchmarks and tests.
         self.ops: Counter[str] = Counter()
 
-    def _send(self, queue: str, message: ServiceBusMessage, kind: str) -> None:
+    def _send(self, queue: str, message: ServiceBusMessage, kind: str, timeout: float | None = None) -> None:
         with self._guard:
             lock = self._locks.setdefault(queue, threading.Lock())
         with lock:
@@ -45,7 +52,7 @@ class Publisher:
             if sender is None:
                 sender = self._senders[queue] = self.client.get_queue_sender(queue)
             try:
-                sender.send_messages(message)
+                sender.send_messages(message, timeout=timeout)
             except Exception:
                 # A broken link is not reused: the next send opens a fresh one.
                 self._senders.pop(queue, None)
@@ -100,7 +107,7 @@ class Publisher:
 
     def send_status(self, event: StatusEvent, *, queue: str | None) -> bool:
         """Best effort: a missing or broken reply queue never blocks or fails the order."""
-        if not queue:
+        if not queue or self._broken.get(queue, 0.0) > time.monotonic():
             return False
         message = ServiceBusMessage(
             event.model_dump_json(),
@@ -110,10 +117,15 @@ class Publisher:
             subject=event.status.value,
         )
         try:
-            self._send(queue, message, "status")
+            self._send(queue, message, "status", timeout=STATUS_SEND_TIMEOUT)
         except Exception as error:  # noqa: BLE001 - by design: status events never fail an order
-            log.warning("status event %s for order %s not delivered to %r: %s", event.status.value, event.order_id, queue, error)
+            self._broken[queue] = time.monotonic() + BROKEN_QUEUE_PAUSE
+            log.warning(
+                "status event %s for order %s not delivered to %r (not tried again for %.0f s): %s",
+                event.status.value, event.order_id, queue, BROKEN_QUEUE_PAUSE, error,
+            )
             return False
+        self._broken.pop(queue, None)
         return True
 
     def close(self) -> None:

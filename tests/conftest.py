@@ -3,6 +3,8 @@
 pytest_plugins = [
     "tests.fixtures.azurite",
     "tests.fixtures.tables",
+    "tests.fixtures.app",
     "tests.fixtures.report",
     "tests.fixtures.fake_remote",
+    "tests.fixtures.funchost",
 ]
