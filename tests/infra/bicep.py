@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +86,7 @@ class Resource:
     file: Path
     existing: bool = False
     condition: str | None = None  # source text of an if() that could not be decided
-    parent: "Resource | None" = None
+    parent: Resource | None = None
 
     @property
     def name(self) -> Any:
@@ -116,7 +116,7 @@ class Deployment:
     file: Path
     resources: list[Resource] = field(default_factory=list)
     outputs: dict[str, Any] = field(default_factory=dict)
-    modules: dict[str, list["Deployment"]] = field(default_factory=dict)
+    modules: dict[str, list[Deployment]] = field(default_factory=dict)
 
     def all_resources(self) -> list[Resource]:
         found = list(self.resources)
@@ -125,7 +125,7 @@ class Deployment:
                 found.extend(deployment.all_resources())
         return found
 
-    def deployments_of(self, file_name: str) -> list["Deployment"]:
+    def deployments_of(self, file_name: str) -> list[Deployment]:
         """This deployment and every nested module deployment made from ``file_name``."""
         found = [self] if self.file.name == file_name else []
         for deployments in self.modules.values():
@@ -160,7 +160,7 @@ class _Decl:
     node: tree_sitter.Node  # the value / body node
     type_text: str | None = None  # resource type string or module path
     existing: bool = False
-    parent: "_Decl | None" = None
+    parent: _Decl | None = None
 
 
 class Template:
@@ -543,7 +543,7 @@ def _property_node(obj: tree_sitter.Node, key: str) -> tree_sitter.Node | None:
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def template(path: Path) -> Template:
     return Template(path)
 
@@ -568,7 +568,10 @@ def evaluate(path: Path | str, params: dict[str, Any] | None = None) -> Deployme
     for resource in deployment.resources:
         parent_decl = tpl.resources[resource.symbol].parent
         parent_ref = resource.body.get("parent")
-        parent_symbol = parent_decl.name if parent_decl else (parent_ref.symbol if isinstance(parent_ref, ResourceRef) else None)
+        if parent_decl is not None:
+            parent_symbol = parent_decl.name
+        else:
+            parent_symbol = parent_ref.symbol if isinstance(parent_ref, ResourceRef) else None
         if parent_symbol and len(by_symbol.get(parent_symbol, [])) == 1:
             resource.parent = by_symbol[parent_symbol][0]
     for symbol in tpl.modules:

@@ -82,7 +82,8 @@ def test_every_binding_is_provisioned(function_bindings, deployment, deployed_se
             if kind == "queueTrigger":
                 poison = target + names.POISON_SUFFIX
                 assert poison in provisioned, f"{function}: no poison queue {poison!r}"
-            assert_identity_connection(binding.get("connection") or default_connection, resource_type, deployed_settings)
+            connection = binding.get("connection") or default_connection
+            assert_identity_connection(connection, resource_type, deployed_settings)
             checked.append((function, kind, target))
     assert checked, "no binding named a queue or a table"
 

@@ -25,7 +25,7 @@ VERIFIED_API_VERSIONS = {
     "Microsoft.Storage/storageAccounts": "2023-05-01",  # [Q] (allowSharedKeyAccess, minimumTlsVersion)
     "Microsoft.Storage/storageAccounts/blobServices": "2023-05-01",  # [Q]
     "Microsoft.Storage/storageAccounts/blobServices/containers": "2023-05-01",  # [Q]
-    "Microsoft.Storage/storageAccounts/queueServices": "2023-05-01",  # [T] change log lists 2023-05-01
+    "Microsoft.Storage/storageAccounts/queueServices": "2023-05-01",  # [T]
     "Microsoft.Storage/storageAccounts/queueServices/queues": "2023-05-01",  # [T]
     "Microsoft.Storage/storageAccounts/tableServices": "2023-05-01",  # [T]
     "Microsoft.Storage/storageAccounts/tableServices/tables": "2023-05-01",  # [T]
@@ -75,7 +75,7 @@ def test_every_resource_uses_a_verified_api_version(deployment_with_developer):
     for resource in deployment_with_developer.all_resources():
         seen.setdefault(resource.type, set()).add(resource.api_version)
     for resource_type, versions in sorted(seen.items()):
-        assert resource_type in VERIFIED_API_VERSIONS, f"{resource_type}: check its API version in the docs, then add it"
+        assert resource_type in VERIFIED_API_VERSIONS, f"{resource_type}: check the API version in the docs, add it"
         assert versions == {VERIFIED_API_VERSIONS[resource_type]}, f"{resource_type}: {versions}"
 
 
@@ -133,9 +133,9 @@ def test_resource_group_template_deploys_the_same_resources(deployment):
 
 def test_azure_yaml_deploys_this_folder_to_the_tagged_app(deployment):
     text = (ROOT / "azure.yaml").read_text()
-    assert re.search(r"^infra:\n(?:  .*\n)*?  provider: bicep\n", text, re.M)
-    assert re.search(r"^infra:\n(?:  .*\n)*?  path: infra\n", text, re.M)
-    service = re.search(r"^services:\n  ([\w-]+):\n((?:    .*\n)+)", text, re.M)
+    assert re.search(r"^infra:\n(?:  .*\n)*?  provider: bicep\n", text, re.MULTILINE)
+    assert re.search(r"^infra:\n(?:  .*\n)*?  path: infra\n", text, re.MULTILINE)
+    service = re.search(r"^services:\n  ([\w-]+):\n((?:    .*\n)+)", text, re.MULTILINE)
     assert service, "azure.yaml declares no service"
     name, body = service.group(1), service.group(2)
     assert "project: .\n" in body and "language: python\n" in body and "host: function\n" in body

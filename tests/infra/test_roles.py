@@ -24,7 +24,7 @@ BUILT_IN_ROLES = {
     "3913510d-42f4-4e42-8a64-420c390055eb": "Monitoring Metrics Publisher",  # Monitor
 }
 ROLE_ASSIGNMENT = "Microsoft.Authorization/roleAssignments"
-GUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I)
+GUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
 
 #: Roles and the resource type they are granted on.
 APP_ROLES = {
@@ -74,7 +74,8 @@ def assignments(deployment: bicep.Deployment) -> list[tuple[str, str, object, bi
         name = ra.name
         assert isinstance(name, bicep.Unknown) and name.func == "guid", f"{ra}: name must be guid(...)"
         assert len(name.args) == 3, f"{ra}: guid(scope.id, principalId, roleId)"
-        assert name.args[0] == bicep.ResourceId(scope.symbol, scope.file), f"{ra}: guid's first argument is not {scope.symbol}.id"
+        scope_id = bicep.ResourceId(scope.symbol, scope.file)
+        assert name.args[0] == scope_id, f"{ra}: guid's first argument is not {scope.symbol}.id"
         assert name.args[1] == props["principalId"], f"{ra}: guid's second argument is not the principal"
         assert name.args[2] == guid, f"{ra}: guid's third argument is not the role id"
         assert props["principalType"] in ("ServicePrincipal", "User"), ra
@@ -85,7 +86,7 @@ def assignments(deployment: bicep.Deployment) -> list[tuple[str, str, object, bi
 def test_app_identity_gets_the_roles_the_design_needs(deployment):
     found = assignments(deployment)
     principals = {p if isinstance(p, str) else p.text for _, _, p, _ in found}
-    assert principals == {"identity.properties.principalId"}, f"without principalId only the app gets roles: {principals}"
+    assert principals == {"identity.properties.principalId"}, f"only the app gets roles by default: {principals}"
     granted = {(role, scope) for role, scope, _, _ in found}
     assert granted == APP_ROLES
     assert all(ra.properties["principalType"] == "ServicePrincipal" for *_, ra in found)

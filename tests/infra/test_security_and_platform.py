@@ -34,18 +34,19 @@ DEPLOYMENT_FILES = [*bicep_files(), INFRA / "main.parameters.json", ROOT / "azur
 def test_no_key_or_key_based_connection_string(path):
     text = path.read_text()
     for pattern in FORBIDDEN:
-        match = re.search(pattern, text, re.I)
+        match = re.search(pattern, text, re.IGNORECASE)
         assert not match, f"{path.name}: {match.group(0)!r} (pattern {pattern})"
 
 
 def test_no_app_setting_is_a_connection_string(deployed_settings):
     for key, value in deployed_settings.items():
         literal = value if isinstance(value, str) else value.text
-        assert not re.search(r"(Key|Signature|Password)\s*=", literal, re.I), f"{key} carries a credential"
+        assert not re.search(r"(Key|Signature|Password)\s*=", literal, re.IGNORECASE), f"{key} carries a credential"
     assert names.STORAGE_CONNECTION not in deployed_settings
     assert names.SERVICEBUS_CONNECTION not in deployed_settings
     # Not a credential: a reference to the component's own property (local auth is off).
-    assert deployed_settings["APPLICATIONINSIGHTS_CONNECTION_STRING"].text == "applicationInsights.properties.ConnectionString"
+    connection_string = deployed_settings["APPLICATIONINSIGHTS_CONNECTION_STRING"]
+    assert connection_string.text == "applicationInsights.properties.ConnectionString"
 
 
 def only(deployment: bicep.Deployment, resource_type: str) -> bicep.Resource:
