@@ -59,6 +59,8 @@ class ServiceBusQueueSpec:
     default_ttl: timedelta = timedelta(days=14)
     dead_letter_on_expiry: bool = False
     duplicate_detection: bool = False
+    #: How long Service Bus remembers a MessageId when duplicate detection is on.
+    duplicate_detection_window: timedelta = timedelta(days=1)
 
 
 SERVICEBUS_QUEUES: tuple[ServiceBusQueueSpec, ...] = (
@@ -81,8 +83,10 @@ SERVICEBUS_QUEUES: tuple[ServiceBusQueueSpec, ...] = (
         dead_letter_on_expiry=False,
     ),
     ServiceBusQueueSpec(AGENT_RESPONSES_QUEUE, AGENT_RESPONSES_QUEUE_SETTING, max_delivery_count=10),
-    # Operator alerts; kept for a week for whoever reads them.
-    ServiceBusQueueSpec(ALERTS_QUEUE, ALERTS_QUEUE_SETTING, default_ttl=timedelta(days=7)),
+    # Operator alerts; kept for a week for whoever reads them. An alert's MessageId is
+    # stable per failed attempt, so a repeat (after a crash between the Error write
+    # and the send) is dropped here.
+    ServiceBusQueueSpec(ALERTS_QUEUE, ALERTS_QUEUE_SETTING, default_ttl=timedelta(days=7), duplicate_detection=True),
 )
 
 #: Storage queues (the scheduler's nudges). The Functions host moves a message that

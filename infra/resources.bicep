@@ -167,7 +167,11 @@ var serviceBusQueues = [
       maxDeliveryCount: 10
       defaultMessageTimeToLive: 'P7D'
       deadLetteringOnMessageExpiration: false
-      requiresDuplicateDetection: false
+      // Alerts are sent at least once (a crash between the Error write and the send
+      // repeats the send); their MessageId is stable per failed attempt, so the
+      // operator gets one alert per failure.
+      requiresDuplicateDetection: true
+      duplicateDetectionHistoryTimeWindow: 'P1D'
     }
   }
 ]

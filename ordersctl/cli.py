@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from core import names
 from core.models import OrderRequest, ProcessState, utcnow
 from core.settings import Settings
 from scheduler.submission import explain
@@ -36,8 +37,15 @@ def fail(message: str) -> typer.Exit:
 
 
 def load_settings(path: Path | None) -> Settings:
-    """Settings as the app reads them; ``local.settings.json`` in this folder by default."""
-    path = path or (Path("local.settings.json") if Path("local.settings.json").exists() else None)
+    """Settings as the app reads them.
+
+    ``--settings FILE`` fills unset environment variables from the file's Values. With
+    no ``--settings``, ``local.settings.json`` in this folder is read only when the
+    environment names no connection at all: connections exported for Azure (for
+    example ``AzureWebJobsStorage__accountName``) are never mixed with the local stack's.
+    """
+    if path is None and Path("local.settings.json").exists() and not _connection_in_environment():
+        path = Path("local.settings.json")
     if path is not None:
         values = json.loads(path.read_text(encoding="utf-8")).get("Values", {})
         for key, value in values.items():
@@ -48,6 +56,11 @@ def load_settings(path: Path | None) -> Settings:
         return Settings(**overrides)
     except ValidationError as error:
         raise fail(f"settings: {explain(error)}") from error
+
+
+def _connection_in_environment() -> bool:
+    prefixes = (names.STORAGE_CONNECTION, names.SERVICEBUS_CONNECTION)
+    return any(key.startswith(prefixes) for key in os.environ)
 
 
 class Context:

@@ -37,6 +37,7 @@ def schedule(
     if claimed is None:
         log.info("order %s not claimed by %s: not Pending or claimed elsewhere", nudge.order_id, instance)
         return None
+    log.info("order %s attempt %s claimed by %s", claimed.order_id, claimed.attempt, instance)
     document = nudge.document if nudge.document is not None else store.get_order(nudge.order_id).document()
     request = AgentRequest(
         order_id=claimed.order_id,

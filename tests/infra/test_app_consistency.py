@@ -109,7 +109,8 @@ def test_service_bus_queues_match_core_names(deployment):
         assert props["deadLetteringOnMessageExpiration"] is spec.dead_letter_on_expiry, spec.name
         assert props["requiresDuplicateDetection"] is spec.duplicate_detection, spec.name
         if spec.duplicate_detection:
-            assert bicep.iso_duration(props["duplicateDetectionHistoryTimeWindow"]).total_seconds() > 0
+            window = bicep.iso_duration(props["duplicateDetectionHistoryTimeWindow"])
+            assert window == spec.duplicate_detection_window, spec.name
         assert not props.get("requiresSession"), f"{spec.name}: the app does not use sessions"
 
 
