@@ -21,7 +21,7 @@ from core.models import OrderRequest, ProcessState, utcnow
 from core.settings import Settings
 from scheduler.submission import explain
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help=__doc__.split("\n")[0])
 out = Console()
 err = Console(stderr=True)
 
@@ -289,4 +289,15 @@ def resubmit(
 
 
 def main() -> None:
-    app(prog_name="ordersctl")
+    from azure.core.exceptions import ClientAuthenticationError, ServiceRequestError
+    from azure.servicebus.exceptions import ServiceBusConnectionError, ServiceBusError
+
+    try:
+        app(prog_name="ordersctl", standalone_mode=True)
+    except (ServiceRequestError, ServiceBusConnectionError) as error:
+        err.print(f"[red]error:[/red] cannot reach the service: {error}")
+        err.print("Is the local stack running (`make run`), or are the Azure settings right?")
+        raise SystemExit(1) from None
+    except (ClientAuthenticationError, ServiceBusError) as error:
+        err.print(f"[red]error:[/red] {type(error).__name__}: {error}")
+        raise SystemExit(1) from None

@@ -1,0 +1,161 @@
+"""The whole local stack in one object: Azurite, the Service Bus emulator, the fake
+remote service and local Functions host processes running ``function_app.py``.
+
+Used by ``make demo`` (devtools.demo), ``make run`` (devtools.run) and the benchmarks.
+Every process it starts is stopped by :meth:`LocalStack.stop`, also after Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core import names
+from devtools import azurite as azurite_launcher
+from devtools import fake_remote
+
+ROOT = Path(__file__).resolve().parent.parent
+_READY = re.compile(r"funchost ready: functions=(\d+) errors=(\d+)")
+
+
+class StackError(RuntimeError):
+    """A part of the local stack did not start."""
+
+
+def app_names() -> dict[str, str]:
+    """The queue/table/schedule app settings with their default names."""
+    return dict(names.NAME_SETTINGS)
+
+
+@dataclass
+class LocalStack:
+    #: App settings for the hosts on top of the connections and names (tuning values).
+    settings: dict[str, str] = field(default_factory=dict)
+    #: Fault rates of the fake remote service, e.g. {"transient": 0.1}.
+    remote_rates: dict[str, float] = field(default_factory=dict)
+    remote_seed: int = 1
+    remote_slow_seconds: float = 30.0
+    #: Fixed ports for people who connect from elsewhere (``make run``); 0 = free ports.
+    servicebus_port: int = 0
+    remote_port: int = 0
+    storage_ports: dict[str, int] | None = None
+    log_dir: Path = ROOT / "demo-output" / "logs"
+
+    def __post_init__(self) -> None:
+        self.azurite = None
+        self.emulator: subprocess.Popen | None = None
+        self.servicebus_connection_string = ""
+        self.remote = None
+        self.hosts: list[subprocess.Popen] = []
+        self.host_logs: list[Path] = []
+
+    # -- starting -----------------------------------------------------------------------
+
+    def start(self, hosts: int = 1) -> "LocalStack":
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.azurite = azurite_launcher.start(self.storage_ports)
+            self._start_emulator()
+            self.remote = fake_remote.start(
+                port=self.remote_port, rates=self.remote_rates or None, seed=self.remote_seed,
+                slow_seconds=self.remote_slow_seconds,
+            )
+            self.start_hosts(hosts)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_emulator(self) -> None:
+        log = open(self.log_dir / "servicebus-emulator.log", "wb")
+        self.emulator = subprocess.Popen(
+            [sys.executable, "-m", "devtools.servicebus_emulator", "--port", str(self.servicebus_port),
+             "--log-level", "WARNING"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, text=True,
+        )
+        line = self.emulator.stdout.readline().strip()
+        if not line.startswith("Endpoint="):
+            raise StackError(f"the Service Bus emulator did not start (see {log.name})")
+        self.servicebus_connection_string = line
+
+    @property
+    def env(self) -> dict[str, str]:
+        """App settings for a host process (what local.settings.json would hold)."""
+        return {
+            **app_names(),
+            names.STORAGE_CONNECTION: self.azurite.connection_string,
+            names.SERVICEBUS_CONNECTION: self.servicebus_connection_string,
+            "REMOTE_SERVICE_URL": self.remote.url,
+            **self.settings,
+        }
+
+    def start_hosts(self, count: int, timeout: float = 60.0) -> None:
+        started = []
+        for _ in range(count):
+            index = len(self.hosts) + 1
+            path = self.log_dir / f"host-{index}.log"
+            env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+            env.pop("WEBSITE_INSTANCE_ID", None)
+            with open(path, "wb") as log:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "devtools.funchost", "--app-dir", str(ROOT)],
+                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            self.hosts.append(process)
+            self.host_logs.append(path)
+            started.append((process, path))
+        deadline = time.monotonic() + timeout
+        for process, path in started:
+            while True:
+                match = _READY.search(path.read_text(errors="replace"))
+                if match:
+                    if int(match[2]):
+                        raise StackError(f"a host has functions in error; see {path}")
+                    break
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise StackError(f"a host did not start; see {path}")
+                time.sleep(0.1)
+
+    # -- stopping -----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        for process in self.hosts:
+            _signal(process, signal.SIGTERM)
+        for process in self.hosts:
+            _wait(process, 30)
+        if self.remote is not None:
+            self.remote.stop()
+        if self.emulator is not None:
+            _signal(self.emulator, signal.SIGTERM)
+            _wait(self.emulator, 10)
+        if self.azurite is not None:
+            self.azurite.stop()
+
+    def __enter__(self) -> "LocalStack":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def _signal(process: subprocess.Popen, signum: int) -> None:
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _wait(process: subprocess.Popen, timeout: float) -> None:
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _signal(process, signal.SIGKILL)
+        process.wait(10)

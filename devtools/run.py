@@ -1,0 +1,61 @@
+"""``make run``: the local stack in the foreground, with no generated load.
+
+Prints the connection strings, so you can send orders from another shell
+(``python -m ordersctl send-order ...``) or from any Service Bus client, and watch
+them with ``ordersctl status`` / ``list`` / ``alerts``. Ctrl-C stops everything.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from devtools.localstack import ROOT, LocalStack
+
+console = Console()
+
+
+def main(
+    hosts: Annotated[int, typer.Option(min=1, max=4, help="Local Functions host processes.")] = 1,
+    servicebus_port: Annotated[int, typer.Option(help="Service Bus emulator port.")] = 5672,
+    remote_port: Annotated[int, typer.Option(help="Fake remote service port.")] = 7081,
+    standard_storage_ports: Annotated[bool, typer.Option(help="Azurite on 10000-10002 (UseDevelopmentStorage=true).")] = True,
+    settings_out: Annotated[Path, typer.Option(help="Where to write a settings file for ordersctl.")] = ROOT / "demo-output" / "run.settings.json",
+) -> None:
+    """Run the whole system locally in the foreground (Ctrl-C stops it)."""
+    stack = LocalStack(
+        servicebus_port=servicebus_port,
+        remote_port=remote_port,
+        storage_ports={"Blob": 10000, "Queue": 10001, "Table": 10002} if standard_storage_ports else None,
+        settings={"SUPERVISOR_SCHEDULE": "*/5 * * * * *"},
+    )
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    with stack.start(hosts=hosts):
+        settings_out.parent.mkdir(parents=True, exist_ok=True)
+        settings_out.write_text(json.dumps({"IsEncrypted": False, "Values": stack.env}, indent=2) + "\n")
+        console.print("[bold]The local stack is running.[/bold]")
+        console.print(f"  Service Bus : {stack.servicebus_connection_string}")
+        console.print(f"  Storage     : {stack.azurite.connection_string}")
+        console.print(f"  Remote      : {stack.remote.url}")
+        console.print(f"  Host logs   : {', '.join(str(p) for p in stack.host_logs)}")
+        console.print(f"\nSend an order from another shell:\n  .venv/bin/python -m ordersctl --help\n"
+                      f"  .venv/bin/python -m ordersctl send-order --settings {settings_out} "
+                      f"--order-id o-1 --customer c-1 --item sku-1:2:12.50\n"
+                      f"  .venv/bin/python -m ordersctl status o-1 --settings {settings_out}\n")
+        console.print("Ctrl-C stops everything.")
+        try:
+            stopping.wait()
+        except KeyboardInterrupt:
+            pass
+    console.print("stopped.")
+
+
+if __name__ == "__main__":
+    typer.run(main)
