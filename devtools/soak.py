@@ -1,0 +1,258 @@
+"""Chaos soak: every failure mode at once, then an audit of the outcome.
+
+``python -m devtools.soak --orders 1000`` (``make soak``); the test suite runs a short
+form (150 orders). Two local hosts (so two supervisors), short step timeout and
+supervisor period; remote faults by rate (transient, throttling, dropped
+connections, responses slower than the deadline, permanent refusals); some order
+messages sent twice; copies of real agent responses sent again; one host killed
+(SIGKILL) and restarted mid-run. Then it checks:
+
+- every order is terminal; nothing is left Pending or Processing;
+- remote effects == Processed orders, and no order's effect applied twice;
+- every Error is a permanent refusal or an order that exhausted its retries, with
+  exactly one alert each;
+- no message is left in any queue but the dead-letter queues, and every dead-letter
+  is explained.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from azure.data.tables import TableClient
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from azure.storage.queue import QueueClient
+from rich.console import Console
+
+from core import names
+from devtools.demo import order_body
+from devtools.localstack import ROOT, LocalStack
+
+console = Console()
+
+SOAK_SETTINGS = {
+    "STEP_TIMEOUT_SECONDS": "3",
+    "PENDING_TIMEOUT_SECONDS": "3",
+    "SUPERVISOR_SCHEDULE": "*/1 * * * * *",
+    "RETRY_BACKOFF_BASE_SECONDS": "0.5",
+    "RETRY_BACKOFF_MAX_SECONDS": "2",
+    "MAX_FAILURES": "3",
+    "AGENT_BACKOFF_INITIAL_SECONDS": "0.05",
+    "AGENT_BACKOFF_MAX_SECONDS": "0.5",
+    "REMOTE_CALL_TIMEOUT_SECONDS": "5",
+}
+#: The remote's faults, per call (permanent refusals are sticky per order).
+SOAK_FAULTS = {"transient": 0.14, "throttle": 0.03, "drop": 0.03, "slow": 0.05, "permanent": 0.02}
+#: Dead-letter reasons that have an explanation in this design.
+EXPLAINED_DEAD_LETTERS = {"MaxDeliveryCountExceeded", "TTLExpiredException"}
+
+
+@dataclass
+class Verdict:
+    orders: int
+    processed: int
+    errors: int
+    error_permanent: int
+    error_exhausted: int
+    error_unexplained: list[str]
+    not_terminal: list[str]
+    remote_effects: int
+    applied_twice: list[str]
+    alerts_by_order: dict[str, int]
+    duplicates_sent: int
+    responses_replayed: int
+    host_killed_at: float | None
+    leftover: dict[str, int]
+    dead_letters: dict[str, list[str]]
+    elapsed_s: float
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _replay_responses(connection_string: str, queue: str, stop: threading.Event, share: float, rng: random.Random,
+                      counter: Counter) -> None:
+    """Send copies of real agent responses again (same body, same message id)."""
+    with ServiceBusClient.from_connection_string(connection_string) as client:
+        with client.get_queue_receiver(queue) as peeker, client.get_queue_sender(queue) as sender:
+            next_sequence = 0
+            while not stop.is_set():
+                try:
+                    messages = peeker.peek_messages(max_message_count=50, sequence_number=next_sequence)
+                except Exception:  # noqa: BLE001 - the peeker is best effort; the soak goes on
+                    messages = []
+                for message in messages:
+                    next_sequence = max(next_sequence, message.sequence_number + 1)
+                    if message.delivery_count == 0 and rng.random() < share and not (message.application_properties or {}).get(b"replayed"):
+                        copy = ServiceBusMessage(b"".join(message.body), message_id=message.message_id,
+                                                 content_type=message.content_type, correlation_id=message.correlation_id,
+                                                 application_properties={"replayed": True})
+                        sender.send_messages(copy)
+                        counter["replayed"] += 1
+                stop.wait(0.2)
+
+
+def queue_leftovers(stack: LocalStack) -> tuple[dict[str, int], dict[str, list[str]]]:
+    leftover: dict[str, int] = {}
+    dead: dict[str, list[str]] = {}
+    with ServiceBusClient.from_connection_string(stack.servicebus_connection_string) as client:
+        for spec in names.SERVICEBUS_QUEUES:
+            with client.get_queue_receiver(spec.name) as receiver:
+                leftover[spec.name] = len(receiver.peek_messages(max_message_count=1000))
+            with client.get_queue_receiver(spec.name, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
+                reasons = [str(m.dead_letter_reason) for m in receiver.peek_messages(max_message_count=1000)]
+                if reasons:
+                    dead[spec.name] = reasons
+    queue = QueueClient.from_connection_string(stack.azurite.connection_string, names.SCHEDULER_QUEUE)
+    leftover[names.SCHEDULER_QUEUE] = queue.get_queue_properties().approximate_message_count
+    return leftover, dead
+
+
+def read_alerts(connection_string: str) -> Counter:
+    alerts: Counter = Counter()
+    with ServiceBusClient.from_connection_string(connection_string) as client:
+        with client.get_queue_receiver(names.ALERTS_QUEUE, max_wait_time=2) as receiver:
+            while True:
+                batch = receiver.receive_messages(max_message_count=100, max_wait_time=2)
+                if not batch:
+                    break
+                for message in batch:
+                    alerts[json.loads(str(message))["order_id"]] += 1
+                    receiver.complete_message(message)
+    return alerts
+
+
+def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, duplicate_share: float = 0.1,
+             replay_share: float = 0.1, kill_host: bool = True, out: Path = ROOT / "demo-output" / "soak") -> Verdict:
+    rng = random.Random(seed)
+    stack = LocalStack(settings=SOAK_SETTINGS, remote_rates=SOAK_FAULTS, remote_seed=seed,
+                       remote_slow_seconds=8.0, log_dir=out / "logs")
+    counter: Counter = Counter()
+    started = time.monotonic()
+    with stack.start(hosts=2):
+        stop = threading.Event()
+        replayer = threading.Thread(
+            target=_replay_responses,
+            args=(stack.servicebus_connection_string, names.AGENT_RESPONSES_QUEUE, stop, replay_share, rng, counter),
+            daemon=True,
+        )
+        replayer.start()
+        ids = [f"soak-{i:05d}" for i in range(orders)]
+        table = TableClient.from_connection_string(stack.azurite.connection_string, names.ORDERS_TABLE)
+        duplicates = 0
+        with ServiceBusClient.from_connection_string(stack.servicebus_connection_string) as client:
+            with client.get_queue_sender(names.ORDERS_QUEUE) as sender:
+                for start in range(0, orders, 50):
+                    batch = []
+                    for i in range(start, min(start + 50, orders)):
+                        body = order_body(ids[i], i)
+                        batch.append(ServiceBusMessage(body, message_id=ids[i], content_type="application/json"))
+                        if rng.random() < duplicate_share:
+                            batch.append(ServiceBusMessage(body, message_id=ids[i], content_type="application/json"))
+                            duplicates += 1
+                    sender.send_messages(batch)
+        killed_at = None
+        deadline = started + time_limit
+        states: dict[str, dict] = {}
+        while time.monotonic() < deadline:
+            states = {row["OrderId"]: row for row in table.query_entities("RowKey eq @rk", parameters={"rk": "state"})}
+            terminal = sum(1 for row in states.values() if row["ProcessState"] in ("Processed", "Error"))
+            if kill_host and killed_at is None and terminal >= orders * 0.4:
+                # Crash one host mid-run (no draining), then bring a new one up.
+                stack.hosts[0].send_signal(signal.SIGKILL)
+                stack.hosts[0].wait(10)
+                killed_at = time.monotonic() - started
+                console.print(f"killed host 1 at {killed_at:.1f} s ({terminal}/{orders} terminal); restarting it")
+                stack.start_hosts(1)
+            if terminal == orders:
+                break
+            time.sleep(0.5)
+        stop.set()
+        replayer.join(10)
+        # Let the last delayed nudges and replayed responses arrive and be dropped.
+        settle_deadline = time.monotonic() + 30
+        while time.monotonic() < settle_deadline:
+            leftover, dead = queue_leftovers(stack)
+            if not any(n for name, n in leftover.items() if name != names.ALERTS_QUEUE):
+                break
+            time.sleep(0.5)
+        alerts = read_alerts(stack.servicebus_connection_string)
+        effects = stack.remote.effects()
+        leftover, dead = queue_leftovers(stack)
+    return _audit(orders, states, effects, alerts, duplicates, counter["replayed"], killed_at, leftover, dead,
+                  time.monotonic() - started)
+
+
+def _audit(orders, states, effects, alerts, duplicates, replayed, killed_at, leftover, dead, elapsed) -> Verdict:
+    processed = [o for o, row in states.items() if row["ProcessState"] == "Processed"]
+    errors = {o: row for o, row in states.items() if row["ProcessState"] == "Error"}
+    permanent = [o for o, row in errors.items() if "HTTP 422" in (row.get("LastError") or "")]
+    exhausted = [o for o, row in errors.items() if (row.get("LastError") or "").startswith("gave up after")]
+    unexplained = sorted(set(errors) - set(permanent) - set(exhausted))
+    not_terminal = sorted(o for o, row in states.items() if row["ProcessState"] not in ("Processed", "Error"))
+    not_terminal += [f"soak-{i:05d} (never written)" for i in range(orders) if f"soak-{i:05d}" not in states]
+    twice = sorted(o for o, n in effects["by_order"].items() if n > 1)
+    v = Verdict(
+        orders=orders, processed=len(processed), errors=len(errors), error_permanent=len(permanent),
+        error_exhausted=len(exhausted), error_unexplained=unexplained, not_terminal=not_terminal,
+        remote_effects=effects["total"], applied_twice=twice, alerts_by_order=dict(alerts),
+        duplicates_sent=duplicates, responses_replayed=replayed, host_killed_at=killed_at,
+        leftover=leftover, dead_letters=dead, elapsed_s=round(elapsed, 1),
+    )
+    if not_terminal:
+        v.problems.append(f"{len(not_terminal)} orders not terminal: {not_terminal[:5]}")
+    if effects["total"] != len(processed):
+        v.problems.append(f"remote effects {effects['total']} != processed {len(processed)}")
+    if twice:
+        v.problems.append(f"applied twice: {twice[:5]}")
+    if unexplained:
+        v.problems.append(f"Error without a permanent refusal or exhausted retries: {unexplained[:5]}")
+    if set(alerts) != set(errors) or any(n != 1 for n in alerts.values()):
+        wrong = {o: alerts.get(o, 0) for o in set(alerts) | set(errors) if alerts.get(o, 0) != 1}
+        v.problems.append(f"alerts are not exactly one per Error order: {dict(list(wrong.items())[:5])}")
+    stuck = {name: n for name, n in leftover.items() if n and name != names.ALERTS_QUEUE}
+    if stuck:
+        v.problems.append(f"messages left in queues: {stuck}")
+    unexplained_dead = {q: r for q, r in dead.items() if set(r) - EXPLAINED_DEAD_LETTERS}
+    if unexplained_dead:
+        v.problems.append(f"dead-letters without an explained reason: {unexplained_dead}")
+    return v
+
+
+def print_verdict(v: Verdict) -> None:
+    console.print(f"orders {v.orders}: processed {v.processed}, error {v.errors} "
+                  f"(permanent {v.error_permanent}, retries exhausted {v.error_exhausted}), "
+                  f"not terminal {len(v.not_terminal)}")
+    console.print(f"remote effects {v.remote_effects} (applied twice: {len(v.applied_twice)}); "
+                  f"alerts {sum(v.alerts_by_order.values())} for {len(v.alerts_by_order)} orders")
+    console.print(f"chaos: {v.duplicates_sent} duplicate order messages, {v.responses_replayed} replayed agent responses, "
+                  f"host killed at {v.host_killed_at if v.host_killed_at is None else round(v.host_killed_at, 1)} s")
+    console.print(f"queues left: {v.leftover}; dead-letters: { {q: Counter(r) for q, r in v.dead_letters.items()} }")
+    console.print(f"elapsed {v.elapsed_s} s — " + ("[green]all checks passed[/green]" if v.ok else
+                                                     "[red]FAILED: " + "; ".join(v.problems) + "[/red]"))
+
+
+def main(
+    orders: Annotated[int, typer.Option(min=1)] = 1000,
+    seed: Annotated[int, typer.Option()] = 7,
+    time_limit: Annotated[float, typer.Option()] = 900.0,
+) -> None:
+    """Run the chaos soak and audit the outcome (exit 1 if any check fails)."""
+    verdict = run_soak(orders, seed=seed, time_limit=time_limit)
+    print_verdict(verdict)
+    raise typer.Exit(0 if verdict.ok else 1)
+
+
+if __name__ == "__main__":
+    typer.run(main)

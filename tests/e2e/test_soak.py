@@ -1,0 +1,17 @@
+"""The chaos soak, short form: every failure mode at once on the whole local stack."""
+
+from devtools.soak import print_verdict, run_soak
+
+
+def test_short_chaos_soak(tmp_path, report_figure):
+    verdict = run_soak(150, seed=11, time_limit=240, out=tmp_path)
+    print_verdict(verdict)
+    report_figure(
+        f"soak: {verdict.orders} orders, {verdict.processed} processed, {verdict.errors} error "
+        f"({verdict.error_permanent} permanent, {verdict.error_exhausted} exhausted), "
+        f"{verdict.remote_effects} effects, {len(verdict.applied_twice)} applied twice, "
+        f"{verdict.duplicates_sent} duplicate orders, {verdict.responses_replayed} replayed responses, "
+        f"host killed at {verdict.host_killed_at} s, {verdict.elapsed_s} s"
+    )
+    assert verdict.ok, verdict.problems
+    assert verdict.host_killed_at is not None and verdict.duplicates_sent > 0
