@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from devtools import azurite as azurite_launcher
 from devtools import fake_remote
 
 ROOT = Path(__file__).resolve().parent.parent
+STACK_MARK = "LOCAL_STACK_ID"
 _READY = re.compile(r"funchost ready: functions=(\d+) errors=(\d+)")
 
 
@@ -59,6 +61,9 @@ class LocalStack:
 
     def start(self, hosts: int = 1) -> "LocalStack":
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        # Every process of this stack inherits a mark, so a check (or a person) can find
+        # any that outlived it: grep the mark in /proc/*/environ.
+        os.environ.setdefault(STACK_MARK, uuid.uuid4().hex)
         try:
             self.azurite = azurite_launcher.start(self.storage_ports)
             self._start_emulator()
