@@ -2,6 +2,7 @@
 
 pytest_plugins = [
     "tests.fixtures.azurite",
+    "tests.fixtures.servicebus",
     "tests.fixtures.tables",
     "tests.fixtures.app",
     "tests.fixtures.report",

@@ -60,7 +60,9 @@ def queue_settings(
             default_ttl=queue.default_ttl.total_seconds(),
             dead_letter_on_expiry=queue.dead_letter_on_expiry,
             duplicate_detection=queue.duplicate_detection,
-            duplicate_detection_window=duplicate_detection_window.total_seconds(),
+            duplicate_detection_window=getattr(
+                queue, "duplicate_detection_window", duplicate_detection_window
+            ).total_seconds(),
         )
     if not queue or max_delivery_count < 1 or lock_duration <= timedelta(0) or default_ttl <= timedelta(0):
         raise ValueError(f"invalid queue declaration {queue!r}")
