@@ -1,0 +1,83 @@
+"""SIGTERM drains: in-flight messages finish and are settled; past the drain deadline they are abandoned."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.storage.queue import QueueClient
+
+from tests.funchost.support import APP_DIR, b64, eventually, only, records
+
+
+@pytest.fixture
+def stack(servicebus_emulator, storage_connection_string, unique_name, tmp_path):
+    names = {
+        "FH_SB_QUEUE": unique_name("in-"),
+        "FH_SB_OUT_QUEUE": unique_name("out-"),
+        "FH_OUT_QUEUE": unique_name("out-"),
+        "FH_QUEUE": unique_name("in-"),
+        "FH_QUEUE_OUT": unique_name("out-"),
+    }
+    servicebus_emulator.declare_queue(names["FH_SB_QUEUE"], lock_duration=timedelta(seconds=30))
+    servicebus_emulator.declare_queue(names["FH_SB_OUT_QUEUE"])
+    env = {
+        "AzureWebJobsStorage": storage_connection_string,
+        "ServiceBusConnection": servicebus_emulator.connection_string,
+        "FH_RECORD_DIR": str(tmp_path),
+        **names,
+        **only("sb_record", "queue_record"),
+    }
+    return env, names
+
+
+def _start_both(servicebus_emulator, storage_connection_string, names, seconds: float) -> QueueClient:
+    body = f'{{"sleep": {seconds}}}'
+    with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
+        with client.get_queue_sender(names["FH_SB_QUEUE"]) as sender:
+            sender.send_messages(ServiceBusMessage(body, message_id="slow"))
+    inbox = QueueClient.from_connection_string(storage_connection_string, names["FH_QUEUE"])
+    inbox.send_message(b64(body))
+    return inbox
+
+
+def test_sigterm_lets_in_flight_messages_finish_settles_them_and_exits_cleanly(
+    funchost, servicebus_emulator, storage_connection_string, stack, tmp_path
+):
+    env, names = stack
+    (host,) = funchost.start(APP_DIR, env=env)
+    inbox = _start_both(servicebus_emulator, storage_connection_string, names, 1.5)
+    eventually(lambda: len(records(tmp_path, event="start")) == 2, what="both functions to start")
+
+    started = time.monotonic()
+    assert host.terminate(timeout=30) == 0
+    assert time.monotonic() - started < 10
+
+    assert {r["function"] for r in records(tmp_path, event="done")} == {"sb_record", "queue_record"}
+    assert [i.outcome for i in host.invocations()] == ["Succeeded", "Succeeded"]
+    assert servicebus_emulator.message_counts(names["FH_SB_QUEUE"]) == {"active": 0, "dead_letter": 0, "scheduled": 0, "locked": 0}
+    assert list(inbox.peek_messages()) == []
+    assert "funchost stopped:" in host.log_text() and "drained=True" in host.log_text()
+
+
+def test_past_the_drain_deadline_in_flight_messages_are_abandoned(
+    funchost, servicebus_emulator, storage_connection_string, stack, tmp_path
+):
+    env, names = stack
+    (host,) = funchost.start(APP_DIR, env=env, drain_timeout=0.5)
+    inbox = _start_both(servicebus_emulator, storage_connection_string, names, 30)
+    eventually(lambda: len(records(tmp_path, event="start")) == 2, what="both functions to start")
+
+    started = time.monotonic()
+    assert host.terminate(timeout=30) == 0
+    assert time.monotonic() - started < 10
+
+    assert records(tmp_path, event="done") == []
+    # Both messages are back for another instance at once: abandoned, and made visible again.
+    assert servicebus_emulator.message_counts(names["FH_SB_QUEUE"])["active"] == 1
+    assert len(list(inbox.peek_messages())) == 1
+    log = host.log_text()
+    assert "sb_record: abandoning message slow unfinished at shutdown" in log
+    assert "queue_record: released message" in log
