@@ -114,9 +114,11 @@ class Session:
             self.incoming_window = SESSION_WINDOW
             self.send_flow()
         link = self._link(fields[0])
-        if not isinstance(link, IncomingLink):
+        if isinstance(link, IncomingLink):
+            link.on_transfer(fields)
+        elif isinstance(link, OutgoingLink):
             raise ProtocolError(NOT_ALLOWED, "transfer on a link the client receives on")
-        link.on_transfer(fields)
+        # else: a refused link; the client may send before it reads our detach
 
     def _on_flow(self, fields: list[Any]) -> None:
         was_blocked = self.remote_incoming_window <= 0
@@ -178,7 +180,8 @@ class Session:
         else:
             link = IncomingLink(self, name, handle, local_handle, fields, self._target(where, queue))
         self.links[handle] = link
-        link.send_attach(raw_address)
+        # A refused link gets no source/target (the SDK then drops it), then a detach with the reason.
+        link.send_attach(raw_address if error is None else None)
         if error is not None:
             log.info("refused link %r to %r: %s", name, _text(raw_address), error[1])
             link.detach(error=error)
@@ -282,6 +285,7 @@ class Link:
 
     def send_attach(self, raw_address: Any) -> None:
         address = _text(raw_address)
+        terminus = address is not None
         self.session.send(
             codec.encode_performative(
                 self.session.channel,
@@ -291,8 +295,8 @@ class Link:
                     role=not self.client_receives,
                     send_settle_mode=self.snd_settle_mode,
                     rcv_settle_mode=self.rcv_settle_mode,
-                    source=Source(address=address),
-                    target=Target(address=address),
+                    source=Source(address=address) if terminus else None,
+                    target=Target(address=address) if terminus else None,
                     unsettled=None,
                     incomplete_unsettled=False,
                     initial_delivery_count=0 if self.client_receives else None,
