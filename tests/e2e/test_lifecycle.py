@@ -79,14 +79,20 @@ def test_faults_beyond_the_threshold_end_in_error_and_are_not_retried(stack):
 
 def test_duplicate_order_messages(stack):
     stack.start_hosts()
+    # The same MessageId twice: the orders queue's duplicate detection drops the repeat.
     stack.send([("d-1", order_json("d-1")), ("d-1", order_json("d-1"))])
-    stack.send([("d-1", order_json("d-1", customer_id="mallory"))])
+    # A resend under a new MessageId (e.g. after the detection window) reaches the app: a no-op.
+    stack.send([("d-1-resend", order_json("d-1"))])
+    # The same order id with other content is rejected and kept; the original stays.
+    stack.send([("d-1-other", order_json("d-1", customer_id="mallory"))])
     states = stack.wait_terminal(["d-1"], timeout=30)
     assert processed(states) == 1
+    rejected = wait_until(lambda: services().rejections.list(), timeout=10, what="the conflicting order to be kept")
+    assert [(r["MessageId"], "different content" in r["Reason"]) for r in rejected] == [("d-1-other", True)]
     document, _ = services().store.read("d-1")
     assert json.loads(document)["customer_id"] == "c-42"
-    rejected = wait_until(lambda: services().rejections.list(), timeout=10, what="the conflicting order to be kept")
-    assert [(r["OrderId"], "different content" in r["Reason"]) for r in rejected] == [("d-1", True)]
+    handled = [i.details for i in stack.hosts[0].invocations("submit_order")]
+    assert sorted(d.split("message_id=")[1].split()[0] for d in handled) == ["d-1", "d-1-other", "d-1-resend"]
     assert stack.remote.effects()["by_order"] == {"d-1": 1}
 
 
