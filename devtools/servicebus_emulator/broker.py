@@ -101,7 +101,7 @@ class MessageStore:
         self._locks: dict[bytes, StoredMessage] = {}
         self._consumers: list[Consumer] = []
         self._next_consumer = 0
-        self._pump_scheduled = False
+        self._pumping = False
 
     @property
     def path(self) -> str:
@@ -118,13 +118,16 @@ class MessageStore:
             self._consumers.remove(consumer)
 
     def wake(self) -> None:
-        """Deliver what can be delivered, soon (coalesces many events into one pass)."""
-        if not self._pump_scheduled:
-            self._pump_scheduled = True
-            self.queue.loop.call_soon(self._pump)
+        """Deliver what can be delivered now (a no-op when called from within a delivery)."""
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            self._pump()
+        finally:
+            self._pumping = False
 
     def _pump(self) -> None:
-        self._pump_scheduled = False
         consumers = self._consumers
         while self._ready and consumers:
             consumer = None

@@ -31,6 +31,7 @@ from azure.servicebus._pyamqp.performatives import (
 )
 
 from . import codec
+from .errors import ProtocolError
 from .session import Session
 
 if TYPE_CHECKING:
@@ -55,15 +56,6 @@ _NAMES = {codec.OPEN: "open", codec.BEGIN: "begin", codec.ATTACH: "attach", code
           codec.DISPOSITION: "disposition", codec.DETACH: "detach", codec.END: "end", codec.CLOSE: "close"}
 
 
-class ProtocolError(Exception):
-    """The peer broke the protocol; the connection is closed with this error."""
-
-    def __init__(self, condition: str, description: str) -> None:
-        super().__init__(description)
-        self.condition = condition
-        self.description = description
-
-
 class Connection(asyncio.Protocol):
     """The server end of one AMQP connection."""
 
@@ -83,6 +75,7 @@ class Connection(asyncio.Protocol):
         self._closing = False
         self._output: list[bytes] = []
         self._flush_scheduled = False
+        self._reading = False  # inside data_received: its output is written when it returns
         self._heartbeat: asyncio.TimerHandle | None = None
         self._sent_since_heartbeat = False
 
@@ -112,6 +105,7 @@ class Connection(asyncio.Protocol):
         if self._closing:
             return
         self._input += data
+        self._reading = True
         try:
             self._process_input()
         except ProtocolError as error:
@@ -121,15 +115,19 @@ class Connection(asyncio.Protocol):
         except Exception as error:  # a bug here must not take the server down
             log.exception("internal error on connection from %s", self.peer)
             self.fail(INTERNAL_ERROR, f"emulator error: {error!r}")
+        finally:
+            self._reading = False
+        if self._output and not self._flush_scheduled:
+            self._flush()
 
     # --- output ---------------------------------------------------------------------------------
 
     def send(self, data: bytes) -> None:
-        """Queue bytes for the peer; they are written together at the end of this loop pass."""
+        """Queue bytes for the peer; they are written together once the current input (or loop pass) is handled."""
         if self._closing and not self._output and not self._flush_scheduled:
             return
         self._output.append(data)
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and not self._reading:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 

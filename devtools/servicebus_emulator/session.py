@@ -28,6 +28,7 @@ from . import address as addresses
 from . import codec
 from . import message as messages
 from .broker import LockLost, MessageStore, Queue, StoredMessage
+from .errors import ProtocolError
 from .management import ManagementNode, handle_cbs
 
 if TYPE_CHECKING:
@@ -97,16 +98,12 @@ class Session:
             self._on_detach(fields)
 
     def _link(self, handle: int) -> Link:
-        from .connection import ProtocolError  # circular at import time only
-
         link = self.links.get(handle)
         if link is None:
             raise ProtocolError("amqp:session:unattached-handle", f"no link with handle {handle}")
         return link
 
     def _on_transfer(self, fields: list[Any]) -> None:
-        from .connection import ProtocolError
-
         if fields[1] is not None:
             self.next_incoming_id = fields[1] + 1
         self.incoming_window -= 1
@@ -151,8 +148,6 @@ class Session:
                 )
 
     def _on_attach(self, fields: list[Any]) -> None:
-        from .connection import ProtocolError
-
         name, handle, client_receives = _text(fields[0]) or "", fields[1], fields[2]
         if handle in self.links:
             raise ProtocolError("amqp:session:handle-in-use", f"handle {handle} is already attached")
@@ -400,9 +395,7 @@ class IncomingLink(Link):
         payload = fields[-1]
         if self._delivery is None:
             if fields[1] is None:
-                from .connection import ProtocolError
-
-                raise ProtocolError("amqp:session:invalid-field", "first transfer of a delivery has no delivery id")
+                        raise ProtocolError("amqp:session:invalid-field", "first transfer of a delivery has no delivery id")
             self._delivery = (fields[1], fields[3] or 0, bool(fields[4]))
             self._parts, self._size = [], 0
         if fields[9]:  # aborted
@@ -506,14 +499,12 @@ class OutgoingLink(Link):
         self.drain = bool(fields[8])
         self.wake()
         if self.drain:
-            # after the pump (queued first by wake): whatever credit is left is used up
-            self.session.connection.loop.call_soon(self._finish_drain)
+            self._finish_drain()
         elif fields[9]:
             self._send_state()
 
     def _finish_drain(self) -> None:
-        if not self._attached or not self.drain:
-            return
+        """After delivering what is available: the credit left is used up, and the client told so."""
         self.delivery_count = (self.delivery_count + self.credit) & 0xFFFFFFFF
         self.credit = 0
         self.drain = False

@@ -1,0 +1,165 @@
+"""Throughput of the Service Bus emulator with the real SDK: ``python -m benchmarks.servicebus_emulator``.
+
+Runs the emulator as a subprocess (the command, ``python -m devtools.servicebus_emulator``)
+so its CPU time is measured apart from the client's, then, with the sync client, for
+each mode sends, receives (peek-lock) and completes N messages:
+
+- ``batched``: batches of 100 sent as one transfer each, ``receive_messages(100)``;
+- ``single``: one ``send_messages`` per message, ``receive_messages(1)`` per message.
+
+Completion is one settlement per message in both (the SDK has no batch complete).
+Prints messages/s and the CPU seconds of the emulator beside the client's for the same
+work. Targets: the emulator is never the bottleneck (its CPU at most half the
+client's) and batched reaches 1,000 msg/s. ``--check`` exits 1 if a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiver, ServiceBusSender
+
+ROOT = Path(__file__).resolve().parent.parent
+BATCH = 100
+TARGET_BATCHED_RATE = 1000.0
+TARGET_CPU_RATIO = 0.5
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of another process so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        data = handle.read()
+    fields = data[data.rindex(b")") + 2 :].split()  # the command name may contain spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Result:
+    mode: str
+    messages: int
+    wall: float
+    client_cpu: float
+    emulator_cpu: float
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.wall
+
+    @property
+    def ratio(self) -> float:
+        return self.emulator_cpu / self.client_cpu if self.client_cpu else float("inf")
+
+
+class Emulator:
+    """The emulator command as a subprocess."""
+
+    def __init__(self, queues: list[str]) -> None:
+        args = [sys.executable, "-m", "devtools.servicebus_emulator", "--port", "0", "--log-level", "WARNING"]
+        for queue in queues:
+            args += ["--queue", queue]
+        self.process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        assert self.process.stdout is not None
+        self.connection_string = self.process.stdout.readline().strip()
+        if not self.connection_string.startswith("Endpoint="):
+            self.stop()
+            raise SystemExit("the emulator did not start")
+
+    def cpu(self) -> float:
+        return process_cpu_seconds(self.process.pid)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+def _send_receive_complete(
+    sender: ServiceBusSender, receiver: ServiceBusReceiver, messages: int, batched: bool
+) -> None:
+    sent = 0
+    while sent < messages:
+        if batched:
+            batch = sender.create_message_batch()
+            count = min(BATCH, messages - sent)
+            for number in range(sent, sent + count):
+                batch.add_message(ServiceBusMessage(f"message {number}"))
+            sender.send_messages(batch)
+        else:
+            count = 1
+            sender.send_messages(ServiceBusMessage(f"message {sent}"))
+        received = 0
+        while received < count:
+            for message in receiver.receive_messages(max_message_count=count - received, max_wait_time=10):
+                receiver.complete_message(message)
+                received += 1
+        sent += count
+
+
+def measure(emulator: Emulator, client: ServiceBusClient, queue: str, mode: str, messages: int) -> Result:
+    batched = mode == "batched"
+    with client.get_queue_sender(queue) as sender, client.get_queue_receiver(queue) as receiver:
+        _send_receive_complete(sender, receiver, min(messages, 2 * BATCH), batched)  # warm up
+        emulator_before, client_before, started = emulator.cpu(), time.process_time(), time.perf_counter()
+        _send_receive_complete(sender, receiver, messages, batched)
+        wall = time.perf_counter() - started
+        client_cpu, emulator_cpu = time.process_time() - client_before, emulator.cpu() - emulator_before
+    return Result(mode, messages, wall, client_cpu, emulator_cpu)
+
+
+def report(results: list[Result]) -> list[str]:
+    lines = [
+        f"Service Bus emulator, azure-servicebus sync client, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "send + receive (peek-lock) + complete, one client thread, emulator in its own process",
+        "",
+        f"{'mode':<8} {'messages':>8} {'msg/s':>8} {'wall s':>7} {'client CPU s':>13} {'emulator CPU s':>15} {'ratio':>6}",
+    ]
+    for r in results:
+        lines.append(
+            f"{r.mode:<8} {r.messages:>8} {r.rate:>8.0f} {r.wall:>7.2f} {r.client_cpu:>13.2f} "
+            f"{r.emulator_cpu:>15.2f} {r.ratio:>6.2f}"
+        )
+    return lines
+
+
+def missed_targets(results: list[Result]) -> list[str]:
+    missed = []
+    for r in results:
+        if r.ratio > TARGET_CPU_RATIO:
+            missed.append(f"{r.mode}: emulator CPU is {r.ratio:.2f} of the client's (target <= {TARGET_CPU_RATIO})")
+        if r.mode == "batched" and r.rate < TARGET_BATCHED_RATE:
+            missed.append(f"batched: {r.rate:.0f} msg/s (target >= {TARGET_BATCHED_RATE:.0f})")
+    return missed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.servicebus_emulator", description=__doc__.splitlines()[0])
+    parser.add_argument("--batched-messages", type=int, default=5000, help="messages in the batched run")
+    parser.add_argument("--single-messages", type=int, default=1000, help="messages in the single run")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    args = parser.parse_args(argv)
+
+    emulator = Emulator(["bench-batched", "bench-single"])
+    try:
+        with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
+            results = [
+                measure(emulator, client, "bench-batched", "batched", args.batched_messages),
+                measure(emulator, client, "bench-single", "single", args.single_messages),
+            ]
+    finally:
+        emulator.stop()
+    for line in report(results):
+        print(line)
+    missed = missed_targets(results)
+    print()
+    print("targets: " + ("met" if not missed else "MISSED - " + "; ".join(missed)))
+    return 1 if missed and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
