@@ -24,6 +24,10 @@ from typing import Any, Mapping
 from devtools.funchost.schedule import parse_timespan
 
 HOST_OVERRIDE_PREFIX = "AzureFunctionsJobHost__"
+#: This host's own knob (not an Azure setting): how long a storage queue message being
+#: processed stays invisible, renewed at half-time. Azure's host uses 10 minutes, which
+#: is also how long a message taken by a crashed instance stays out of sight.
+QUEUE_LEASE_SETTING = "FUNCHOST_QUEUE_LEASE_SECONDS"
 _PERCENT = re.compile(r"%([^%]+)%")
 
 _LOG_LEVELS = {
@@ -159,6 +163,7 @@ class QueueOptions:
     new_batch_threshold: int = 8
     max_dequeue_count: int = 5
     message_encoding: str = "base64"
+    lease: timedelta = timedelta(minutes=10)
 
 
 @dataclass(frozen=True)
@@ -180,8 +185,16 @@ class HostOptions:
     raw: dict
 
 
-def host_options(document: Mapping[str, Any]) -> HostOptions:
-    """Read the settings this host honours from a host.json document."""
+def host_options(document: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> HostOptions:
+    """Read the settings this host honours from a host.json document (and its own lease knob)."""
+    environ = {} if environ is None else environ
+    lease_text = environ.get(QUEUE_LEASE_SETTING)
+    try:
+        lease = timedelta(seconds=float(lease_text)) if lease_text else timedelta(minutes=10)
+    except ValueError as error:
+        raise ConfigError(f"{QUEUE_LEASE_SETTING}: {lease_text!r} is not a number of seconds") from error
+    if lease < timedelta(seconds=2):
+        raise ConfigError(f"{QUEUE_LEASE_SETTING} must be at least 2 seconds (it is renewed at half-time)")
     extensions = _get(document, "extensions", {}) or {}
 
     queues = _get(extensions, "queues", {}) or {}
@@ -199,6 +212,7 @@ def host_options(document: Mapping[str, Any]) -> HostOptions:
         new_batch_threshold=_int(_get(queues, "newBatchThreshold", batch_size // 2), "newBatchThreshold"),
         max_dequeue_count=max(1, _int(_get(queues, "maxDequeueCount", 5), "extensions.queues.maxDequeueCount")),
         message_encoding=encoding,
+        lease=lease,
     )
 
     service_bus = _get(extensions, "serviceBus", {}) or {}

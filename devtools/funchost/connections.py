@@ -14,8 +14,11 @@ import os
 import threading
 from typing import Mapping
 
+import requests
+from azure.core.pipeline.transport import RequestsTransport
 from azure.servicebus import ServiceBusClient
 from azure.storage.queue import QueueClient, QueueServiceClient
+from urllib3.util.retry import Retry
 
 from devtools.funchost.config import ConfigError
 
@@ -26,6 +29,22 @@ def _lookup(setting: str, environ: Mapping[str, str]) -> str | None:
         if value:
             return value
     return None
+
+
+#: HTTP connections kept per storage endpoint: every pool thread of every listener and
+#: every output send shares one client, more than requests' default pool of 10.
+HTTP_POOL_SIZE = 64
+
+
+def _transport() -> RequestsTransport:
+    session = requests.Session()
+    # The SDK retries by policy; the adapter must not retry underneath it (as azure-core sets it up).
+    adapter = requests.adapters.HTTPAdapter(
+        pool_maxsize=HTTP_POOL_SIZE, max_retries=Retry(total=False, redirect=False, raise_on_redirect=False)
+    )
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return RequestsTransport(session=session, session_owner=True)
 
 
 def _credential(setting: str, environ: Mapping[str, str]):
@@ -76,12 +95,14 @@ class Clients:
     def _new_storage(self, setting: str) -> QueueServiceClient:
         value = _lookup(setting, self._environ)
         if value:
-            return QueueServiceClient.from_connection_string(value)
+            return QueueServiceClient.from_connection_string(value, transport=_transport())
         uri = self._environ.get(f"{setting}__queueServiceUri")
         account = self._environ.get(f"{setting}__accountName")
         if uri or account:
             return QueueServiceClient(
-                uri or f"https://{account}.queue.core.windows.net", credential=_credential(setting, self._environ)
+                uri or f"https://{account}.queue.core.windows.net",
+                credential=_credential(setting, self._environ),
+                transport=_transport(),
             )
         raise ConfigError(
             f"storage connection setting {setting!r} is not set (nor {setting}__queueServiceUri / __accountName)"

@@ -82,7 +82,7 @@ class Host:
         self.environ.setdefault(INSTANCE_ID_SETTING, secrets.token_hex(32))
         self.environ.setdefault("AzureWebJobsScriptRoot", str(self.app_dir))
         self.instance_id = self.environ[INSTANCE_ID_SETTING]
-        self.options = host_options(read_host_json(self.app_dir / "host.json", self.environ))
+        self.options = host_options(read_host_json(self.app_dir / "host.json", self.environ), self.environ)
         logging.getLogger().setLevel(self.options.log_level)
 
         app = import_app(self.app_dir)

@@ -6,7 +6,9 @@
   this host sends to the queue wakes the poller at once.
 - A received message is leased for 10 minutes and the lease is renewed at half-time
   while the function runs (the Functions host does the same), so a slow function
-  never lets another instance take its message.
+  never lets another instance take its message. A message taken by a crashed host
+  reappears when its lease ends; ``FUNCHOST_QUEUE_LEASE_SECONDS`` (this host's own
+  setting) shortens the lease for crash tests.
 - Success deletes the message. Failure makes it visible again after host.json
   ``visibilityTimeout``; the failure of the ``maxDequeueCount``-th attempt moves it to
   ``<queue>-poison`` (so does a message received past that count, or one whose body is
@@ -34,8 +36,6 @@ from devtools.funchost.outputs import decode_queue_text, ensure_queue
 
 log = logging.getLogger("funchost")
 
-#: How long a message being processed stays invisible; renewed at half-time.
-LEASE_SECONDS = 600
 MIN_POLL_SECONDS = 0.1
 POISON_SUFFIX = "-poison"
 
@@ -63,6 +63,7 @@ class QueueTriggerListener(Listener):
         self._leases: dict[str, _Lease] = {}
         self._leases_lock = threading.Lock()
         self._futures: set[Future] = set()
+        self._lease = int(options.lease.total_seconds())
         self._batch = min(32, max(1, options.batch_size))
         self._threshold = max(0, options.new_batch_threshold)
         self._executor = ThreadPoolExecutor(
@@ -91,7 +92,7 @@ class QueueTriggerListener(Listener):
         while not self._stopping.is_set():
             self._renew_leases()
             if len(self._futures) > self._threshold:
-                self._slot_signal.wait(0.5)
+                self._slot_signal.wait(min(0.5, self._until_renewal()))
                 self._slot_signal.clear()
                 continue
             messages = self._receive()
@@ -100,7 +101,7 @@ class QueueTriggerListener(Listener):
                 for message in messages:
                     self._dispatch(message)
                 continue
-            self._poll_signal.wait(delay)
+            self._poll_signal.wait(min(delay, self._until_renewal()))
             self._poll_signal.clear()
             delay = min(delay * 2, self._options.max_polling_interval.total_seconds())
         self._drain()
@@ -108,7 +109,7 @@ class QueueTriggerListener(Listener):
     def _receive(self) -> list[StorageMessage]:
         try:
             pages = self._client.receive_messages(
-                messages_per_page=self._batch, visibility_timeout=LEASE_SECONDS
+                messages_per_page=self._batch, visibility_timeout=self._lease
             ).by_page()
             return list(next(pages, []))
         except ResourceNotFoundError:
@@ -119,7 +120,7 @@ class QueueTriggerListener(Listener):
         return []
 
     def _dispatch(self, message: StorageMessage) -> None:
-        lease = _Lease(message, message.pop_receipt, time.monotonic() + LEASE_SECONDS / 2)
+        lease = _Lease(message, message.pop_receipt, time.monotonic() + self._lease / 2)
         with self._leases_lock:
             self._leases[message.id] = lease
         future = self._executor.submit(self._process, lease)
@@ -129,6 +130,12 @@ class QueueTriggerListener(Listener):
     def _done(self, future: Future) -> None:
         self._futures.discard(future)
         self._slot_signal.set()
+
+    def _until_renewal(self) -> float:
+        """Seconds until the next lease renewal is due (a long poll wait must not miss it)."""
+        with self._leases_lock:
+            due = [lease.renew_at for lease in self._leases.values() if not lease.settled]
+        return max(0.0, min(due) - time.monotonic()) if due else float(self._lease)
 
     def _renew_leases(self) -> None:
         now = time.monotonic()
@@ -140,10 +147,10 @@ class QueueTriggerListener(Listener):
                     continue
                 try:
                     updated = self._client.update_message(
-                        lease.message.id, lease.pop_receipt, visibility_timeout=LEASE_SECONDS
+                        lease.message.id, lease.pop_receipt, visibility_timeout=self._lease
                     )
                     lease.pop_receipt = updated.pop_receipt
-                    lease.renew_at = time.monotonic() + LEASE_SECONDS / 2
+                    lease.renew_at = time.monotonic() + self._lease / 2
                 except AzureError as error:
                     log.warning("renewing the lease of message %s failed: %s", lease.message.id, _short(error))
                     lease.renew_at = time.monotonic() + 5

@@ -3,7 +3,8 @@
 Every invocation appends a JSON line to ``$FH_RECORD_DIR/<instance id>.jsonl`` so a
 test can see what each host process received. The message body steers the function:
 ``{"fail": true}`` raises (after setting the outputs), ``{"sleep": 2}`` sleeps first,
-``{"out": "text"}`` sets the outputs. Queue names and the schedule are app settings
+``{"sleep_first": 30}`` sleeps on the first delivery only, ``{"out": "text"}`` sets
+the outputs. Queue names and the schedule are app settings
 (``%FH_...%``); a test switches off what it does not need with
 ``AzureWebJobs.<name>.Disabled``.
 """
@@ -81,6 +82,8 @@ def sb_record(msg: func.ServiceBusMessage, to_queue: func.Out[str], to_bus: func
     )
     if "sleep" in command:
         time.sleep(float(command["sleep"]))
+    if "sleep_first" in command and msg.delivery_count == 1:
+        time.sleep(float(command["sleep_first"]))
     if "out" in command:
         to_queue.set(command["out"])
         to_bus.set(command["out"])
@@ -110,6 +113,8 @@ async def queue_record(msg: func.QueueMessage, context: func.Context) -> str:
     )
     if "sleep" in command:
         await asyncio.sleep(float(command["sleep"]))
+    if "sleep_first" in command and msg.dequeue_count == 1:
+        await asyncio.sleep(float(command["sleep_first"]))
     if command.get("fail"):
         record("queue_record", "fail", id=msg.id, dequeue_count=msg.dequeue_count)
         raise RuntimeError(f"failing on purpose (dequeue {msg.dequeue_count})")

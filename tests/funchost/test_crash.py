@@ -1,0 +1,78 @@
+"""Crashes and long runs: locks and leases are renewed while a function runs, and expire when its host dies."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.storage.queue import QueueClient
+
+from tests.funchost.support import APP_DIR, b64, eventually, only, records
+
+SHORT = 2  # seconds: the Service Bus lock duration and the storage queue lease in these tests
+
+
+@pytest.fixture
+def short_locks(servicebus_emulator, storage_connection_string, unique_name, tmp_path):
+    names = {
+        "FH_SB_QUEUE": unique_name("in-"),
+        "FH_SB_OUT_QUEUE": unique_name("out-"),
+        "FH_OUT_QUEUE": unique_name("out-"),
+        "FH_QUEUE": unique_name("in-"),
+        "FH_QUEUE_OUT": unique_name("out-"),
+    }
+    servicebus_emulator.declare_queue(names["FH_SB_QUEUE"], lock_duration=timedelta(seconds=SHORT), max_delivery_count=5)
+    servicebus_emulator.declare_queue(names["FH_SB_OUT_QUEUE"])
+    env = {
+        "AzureWebJobsStorage": storage_connection_string,
+        "ServiceBusConnection": servicebus_emulator.connection_string,
+        "FH_RECORD_DIR": str(tmp_path),
+        "FUNCHOST_QUEUE_LEASE_SECONDS": str(SHORT),
+        **names,
+        **only("sb_record", "queue_record"),
+    }
+    return env, names
+
+
+def _send_both(servicebus_emulator, storage_connection_string, names, body: str) -> QueueClient:
+    with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
+        with client.get_queue_sender(names["FH_SB_QUEUE"]) as sender:
+            sender.send_messages(ServiceBusMessage(body, message_id="m"))
+    inbox = QueueClient.from_connection_string(storage_connection_string, names["FH_QUEUE"])
+    inbox.send_message(b64(body))
+    return inbox
+
+
+def test_locks_and_leases_are_renewed_while_a_function_outlives_them(
+    funchost, servicebus_emulator, storage_connection_string, short_locks, tmp_path
+):
+    env, names = short_locks
+    funchost.start(APP_DIR, env=env)
+    inbox = _send_both(servicebus_emulator, storage_connection_string, names, '{"sleep_first": 3.5}')
+
+    eventually(lambda: len(records(tmp_path, event="done")) == 2, timeout=30, what="both slow functions to finish")
+    # Renewed in time: neither message was handed out a second time while its function ran.
+    assert len(records(tmp_path, event="start")) == 2
+    eventually(lambda: servicebus_emulator.message_counts(names["FH_SB_QUEUE"])["locked"] == 0, what="completion")
+    assert servicebus_emulator.message_counts(names["FH_SB_QUEUE"]) == {"active": 0, "dead_letter": 0, "scheduled": 0, "locked": 0}
+    assert list(inbox.peek_messages()) == []
+
+
+def test_messages_of_a_killed_host_come_back_to_another_instance(
+    funchost, servicebus_emulator, storage_connection_string, short_locks, tmp_path
+):
+    env, names = short_locks
+    (victim,) = funchost.start(APP_DIR, env=env)
+    _send_both(servicebus_emulator, storage_connection_string, names, '{"sleep_first": 60}')
+    eventually(lambda: len(records(tmp_path, event="start")) == 2, what="both functions to start on the first host")
+
+    victim.kill()
+    assert not victim.stopped_cleanly
+    (survivor,) = funchost.start(APP_DIR, env=env)
+
+    done = eventually(lambda: len(records(tmp_path, event="done")) == 2 and records(tmp_path, event="done"), timeout=30, what="redelivery")
+    assert {r["instance"] for r in done} == {survivor.instance_id}
+    again = {r["function"]: r for r in records(tmp_path, event="start") if r["instance"] == survivor.instance_id}
+    assert again["sb_record"]["delivery_count"] == 2
+    assert again["queue_record"]["dequeue_count"] == 2
