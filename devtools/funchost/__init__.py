@@ -12,4 +12,4 @@ see docs/local-host.md for what it does and does not emulate.
 
 from devtools.funchost.host import READY_MARKER, STOPPED_MARKER, Host
 
-__all__ = ["Host", "READY_MARKER", "STOPPED_MARKER"]
+__all__ = ["READY_MARKER", "STOPPED_MARKER", "Host"]

@@ -16,9 +16,10 @@ import json
 import logging
 import sys
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import azure.functions as func
 from azure.functions import meta
@@ -208,14 +209,19 @@ def build_spec(function: func.Function, environ: Mapping[str, str] | None = None
         except ConfigError as error:
             raise FunctionLoadError(name, str(error)) from error
         binding = Binding(
-            name=item["name"], type=item["type"], direction=str(item.get("direction", "")).upper(), properties=properties
+            name=item["name"],
+            type=item["type"],
+            direction=str(item.get("direction", "")).upper(),
+            properties=properties,
         )
         if binding.type.endswith("Trigger") or binding.type == "httpTrigger":
             trigger = binding
         elif binding.direction == "OUT":
             outputs.append(binding)
         else:
-            raise FunctionLoadError(name, f'input binding "{binding.type}" ({binding.name}) is not supported by this host')
+            raise FunctionLoadError(
+                name, f'input binding "{binding.type}" ({binding.name}) is not supported by this host'
+            )
         by_name[binding.name] = binding
 
     if trigger is None:
@@ -224,7 +230,9 @@ def build_spec(function: func.Function, environ: Mapping[str, str] | None = None
         raise FunctionLoadError(name, f'trigger "{trigger.type}" is not supported by this host')
     for output in outputs:
         if output.type not in SUPPORTED_OUTPUTS:
-            raise FunctionLoadError(name, f'output binding "{output.type}" ({output.name}) is not supported by this host')
+            raise FunctionLoadError(
+                name, f'output binding "{output.type}" ({output.name}) is not supported by this host'
+            )
         if output.get("topicName") or not output.queue_name:
             raise FunctionLoadError(name, f"output binding {output.name}: only queues are supported, not topics")
     if trigger.type == SERVICE_BUS_TRIGGER:
@@ -251,7 +259,8 @@ def build_spec(function: func.Function, environ: Mapping[str, str] | None = None
     missing_in_bindings = set(declared) - set(by_name)
     if missing_in_bindings:
         raise FunctionLoadError(
-            name, f"the following parameters are declared in Python but not in the bindings: {sorted(missing_in_bindings)}"
+            name,
+            f"the following parameters are declared in Python but not in the bindings: {sorted(missing_in_bindings)}",
         )
     missing_in_python = set(by_name) - set(declared)
     if missing_in_python:

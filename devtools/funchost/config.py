@@ -16,10 +16,11 @@ import json
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from devtools.funchost.schedule import parse_timespan
 
@@ -181,7 +182,6 @@ class HostOptions:
     queues: QueueOptions
     service_bus: ServiceBusOptions
     log_level: int
-    function_log_level: int
     raw: dict
 
 
@@ -230,15 +230,5 @@ def host_options(document: Mapping[str, Any], environ: Mapping[str, str] | None 
 
     levels = _get(_get(document, "logging", {}) or {}, "logLevel", {}) or {}
 
-    def level(name: str, default: str) -> int:
-        text = str(_get(levels, name, default)).lower()
-        return _LOG_LEVELS.get(text, logging.INFO)
-
-    default_level = str(_get(levels, "default", "Information"))
-    return HostOptions(
-        queues=queue_options,
-        service_bus=sb_options,
-        log_level=level("default", "Information"),
-        function_log_level=level("Function", default_level),
-        raw=dict(document),
-    )
+    default_level = _LOG_LEVELS.get(str(_get(levels, "default", "Information")).lower(), logging.INFO)
+    return HostOptions(queues=queue_options, service_bus=sb_options, log_level=default_level, raw=dict(document))

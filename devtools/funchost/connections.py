@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Mapping
+from collections.abc import Mapping
 
 import requests
 from azure.core.pipeline.transport import RequestsTransport

@@ -7,8 +7,8 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Iterable, MutableMapping
 from pathlib import Path
-from typing import Iterable, MutableMapping
 
 from devtools.funchost.app import (
     QUEUE_TRIGGER,
@@ -91,7 +91,9 @@ class Host:
         if self.only:
             unknown = self.only - set(names)
             if unknown:
-                raise AppLoadError(f"no function named {', '.join(sorted(unknown))} in the app (it has {', '.join(names)})")
+                raise AppLoadError(
+                    f"no function named {', '.join(sorted(unknown))} in the app (it has {', '.join(names)})"
+                )
         for function in functions:
             name = function.get_function_name()
             if self.only is not None and name not in self.only:

@@ -21,8 +21,9 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import azure.functions as func
 from azure.functions import _abc
@@ -236,4 +237,3 @@ def _chain(report: traceback.TracebackException):
         seen.add(id(report))
         yield report
         report = report.__cause__ or (None if report.__suppress_context__ else report.__context__)
-

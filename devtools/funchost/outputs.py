@@ -12,8 +12,8 @@ from __future__ import annotations
 import base64
 import logging
 import threading
-from collections.abc import Iterable
-from typing import Any, Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import azure.functions as func
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError

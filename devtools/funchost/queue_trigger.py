@@ -23,8 +23,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from azure.functions.queue import QueueMessage as FunctionQueueMessage
 from azure.core.exceptions import AzureError, ResourceNotFoundError
+from azure.functions.queue import QueueMessage as FunctionQueueMessage
 from azure.storage.queue import QueueMessage as StorageMessage
 
 from devtools.funchost.app import FunctionSpec
@@ -214,7 +214,9 @@ class QueueTriggerListener(Listener):
     def _delete(self, lease: _Lease) -> None:
         with lease.lock:
             if lease.settled:
-                log.warning("%s: message %s finished after it was released; it will run again", self.name, lease.message.id)
+                log.warning(
+                    "%s: message %s finished after it was released; it will run again", self.name, lease.message.id
+                )
                 return
             lease.settled = True
             try:

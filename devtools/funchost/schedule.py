@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 _MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
 _DAYS = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]
@@ -106,7 +106,7 @@ class CronSchedule:
     days_of_week: frozenset[int]
 
     @classmethod
-    def parse(cls, expression: str) -> "CronSchedule":
+    def parse(cls, expression: str) -> CronSchedule:
         tokens = expression.split()
         if len(tokens) != 6:
             raise ScheduleError(
@@ -118,7 +118,7 @@ class CronSchedule:
 
     def next_after(self, after: datetime) -> datetime:
         """The first occurrence strictly after ``after`` (an aware datetime), in UTC."""
-        start = after.astimezone(timezone.utc).replace(microsecond=0) + timedelta(seconds=1)
+        start = after.astimezone(UTC).replace(microsecond=0) + timedelta(seconds=1)
         day = start.date()
         # Eight years covers every reachable date, 29 February on a given weekday included.
         for _ in range(366 * 8):
@@ -136,7 +136,7 @@ class CronSchedule:
                         for second in sorted(self.seconds):
                             if first_minute and second < start.second:
                                 continue
-                            return datetime(day.year, day.month, day.day, hour, minute, second, tzinfo=timezone.utc)
+                            return datetime(day.year, day.month, day.day, hour, minute, second, tzinfo=UTC)
             day += timedelta(days=1)
         raise ScheduleError(f"{self.expression!r} never occurs")
 
@@ -149,7 +149,7 @@ class IntervalSchedule:
     interval: timedelta
 
     def next_after(self, after: datetime) -> datetime:
-        return after.astimezone(timezone.utc) + self.interval
+        return after.astimezone(UTC) + self.interval
 
 
 Schedule = CronSchedule | IntervalSchedule

@@ -129,7 +129,9 @@ def to_function_message(message: ServiceBusReceivedMessage) -> FunctionMessage:
         "UserProperties": (json.dumps(properties), "json"),
         "ApplicationProperties": (json.dumps(properties), "json"),
     }
-    trigger_metadata = {key: meta.Datum(value, kind) for key, (value, kind) in metadata_values.items() if value is not None}
+    trigger_metadata = {
+        key: meta.Datum(value, kind) for key, (value, kind) in metadata_values.items() if value is not None
+    }
     return FunctionMessage(
         body=body,
         trigger_metadata=trigger_metadata,
@@ -266,7 +268,7 @@ class ServiceBusTriggerListener(Listener):
         locked_until = message.locked_until_utc
         span = 30.0
         if locked_until is not None:
-            span = max(1.0, (locked_until - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
+            span = max(1.0, (locked_until - datetime.datetime.now(datetime.UTC)).total_seconds())
         delivery = _Delivery(message, receiver, now, span, now + span / 2)
         self._in_flight[id(delivery)] = delivery
         self._executor.submit(self._process, delivery)
@@ -275,9 +277,7 @@ class ServiceBusTriggerListener(Listener):
         succeeded = False
         try:
             rich = to_function_message(delivery.message)
-            details = (
-                f"queue={self.queue_name} message_id={rich.message_id} delivery_count={rich.delivery_count}"
-            )
+            details = f"queue={self.queue_name} message_id={rich.message_id} delivery_count={rich.delivery_count}"
             succeeded = self.invoker.invoke(self.spec, TriggerValue(rich, rich.get_body(), details)).succeeded
         except Exception:  # building the message failed: abandon it, and say why
             log.exception("%s: could not hand message %s to the function", self.name, delivery.message.message_id)

@@ -16,7 +16,7 @@ import json
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from azure.functions.timer import TimerRequest
 
@@ -29,7 +29,7 @@ log = logging.getLogger("funchost")
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class TimerTriggerListener(Listener):

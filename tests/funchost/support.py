@@ -5,8 +5,9 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 APP_DIR = Path(__file__).resolve().parent / "app"
 FUNCTIONS = ("sb_record", "queue_record", "tick", "tick_on_startup")
@@ -19,7 +20,9 @@ def only(*enabled: str) -> dict[str, str]:
     return {f"AzureWebJobs.{name}.Disabled": "true" for name in FUNCTIONS if name not in enabled}
 
 
-def eventually(check: Callable[[], T], *, timeout: float = 20.0, what: str = "the condition", interval: float = 0.05) -> T:
+def eventually(
+    check: Callable[[], T], *, timeout: float = 20.0, what: str = "the condition", interval: float = 0.05
+) -> T:
     """Poll ``check`` until it returns something truthy; fail naming ``what`` at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
@@ -60,11 +63,13 @@ def receive_all(connection_string: str, queue: str, count: int, *, timeout: floa
 
     got: list = []
     deadline = time.monotonic() + timeout
-    with ServiceBusClient.from_connection_string(connection_string) as client:
-        with client.get_queue_receiver(queue, sub_queue=sub_queue) as receiver:
-            while len(got) < count and time.monotonic() < deadline:
-                wait = max(0.1, min(1.0, deadline - time.monotonic()))
-                for message in receiver.receive_messages(max_message_count=count - len(got), max_wait_time=wait):
-                    receiver.complete_message(message)
-                    got.append(message)
+    with (
+        ServiceBusClient.from_connection_string(connection_string) as client,
+        client.get_queue_receiver(queue, sub_queue=sub_queue) as receiver,
+    ):
+        while len(got) < count and time.monotonic() < deadline:
+            wait = max(0.1, min(1.0, deadline - time.monotonic()))
+            for message in receiver.receive_messages(max_message_count=count - len(got), max_wait_time=wait):
+                receiver.complete_message(message)
+                got.append(message)
     return got

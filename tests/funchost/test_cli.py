@@ -15,7 +15,12 @@ from tests.funchost.support import APP_DIR, eventually, only, records
 
 def run_host(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "devtools.funchost", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "devtools.funchost", *args],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -35,7 +40,9 @@ def test_an_app_dir_without_function_app_is_a_usage_error(tmp_path):
 
 
 def test_an_app_that_fails_to_import_stops_the_host_with_the_reason(tmp_path):
-    (tmp_path / "function_app.py").write_text("import azure.functions as func\nraise RuntimeError('broken on import')\n")
+    (tmp_path / "function_app.py").write_text(
+        "import azure.functions as func\nraise RuntimeError('broken on import')\n"
+    )
     result = run_host("--app-dir", str(tmp_path))
     assert result.returncode == 1
     assert "importing function_app.py failed: RuntimeError: broken on import" in result.stderr
@@ -47,7 +54,9 @@ def test_settings_file_values_apply_and_environment_variables_win(funchost, tmp_
     from_env.mkdir()
     settings = tmp_path / "custom.settings.json"
     settings.write_text(
-        json.dumps({"IsEncrypted": False, "Values": {"FH_RECORD_DIR": str(from_file), "FH_TIMER_SCHEDULE": "*/1 * * * * *"}})
+        json.dumps(
+            {"IsEncrypted": False, "Values": {"FH_RECORD_DIR": str(from_file), "FH_TIMER_SCHEDULE": "*/1 * * * * *"}}
+        )
     )
 
     funchost.start(APP_DIR, settings=settings, env={"FH_RECORD_DIR": str(from_env), **only("tick")})

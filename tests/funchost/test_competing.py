@@ -37,14 +37,19 @@ def test_two_hosts_share_the_queues_and_no_message_is_handled_twice(
     assert hosts[0].instance_id != hosts[1].instance_id
 
     body = json.dumps({"sleep": 0.2})
-    with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
-        with client.get_queue_sender(names["FH_SB_QUEUE"]) as sender:
-            sender.send_messages([ServiceBusMessage(body, message_id=f"m{i}") for i in range(COUNT)])
+    with (
+        ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client,
+        client.get_queue_sender(names["FH_SB_QUEUE"]) as sender,
+    ):
+        sender.send_messages([ServiceBusMessage(body, message_id=f"m{i}") for i in range(COUNT)])
     inbox = QueueClient.from_connection_string(storage_connection_string, names["FH_QUEUE"])
     queue_ids = {inbox.send_message(b64(body)).id for _ in range(COUNT)}
 
     eventually(
-        lambda: len(records(tmp_path, "sb_record", "done")) >= COUNT and len(records(tmp_path, "queue_record", "done")) >= COUNT,
+        lambda: (
+            len(records(tmp_path, "sb_record", "done")) >= COUNT
+            and len(records(tmp_path, "queue_record", "done")) >= COUNT
+        ),
         timeout=60,
         what=f"{COUNT} Service Bus and {COUNT} storage queue messages to be handled",
     )
@@ -60,7 +65,12 @@ def test_two_hosts_share_the_queues_and_no_message_is_handled_twice(
     queue_share = Counter(r["instance"] for r in queue_started)
     assert set(sb_share) == instances, f"each host should take Service Bus messages: {sb_share}"
     assert set(queue_share) == instances, f"each host should take storage queue messages: {queue_share}"
-    assert servicebus_emulator.message_counts(names["FH_SB_QUEUE"]) == {"active": 0, "dead_letter": 0, "scheduled": 0, "locked": 0}
+    assert servicebus_emulator.message_counts(names["FH_SB_QUEUE"]) == {
+        "active": 0,
+        "dead_letter": 0,
+        "scheduled": 0,
+        "locked": 0,
+    }
     assert list(inbox.peek_messages()) == []
     report_figure(
         f"funchost competing hosts: Service Bus split {sorted(sb_share.values())}, "

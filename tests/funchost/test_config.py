@@ -99,7 +99,8 @@ def test_the_repository_host_json_is_understood():
 
 
 @pytest.mark.parametrize(
-    "queues", [{"batchSize": 64}, {"messageEncoding": "utf16"}, {"visibilityTimeout": "5 seconds"}, {"maxDequeueCount": "x"}]
+    "queues",
+    [{"batchSize": 64}, {"messageEncoding": "utf16"}, {"visibilityTimeout": "5 seconds"}, {"maxDequeueCount": "x"}],
 )
 def test_invalid_host_json_values_are_errors(queues):
     with pytest.raises(ConfigError):

@@ -22,7 +22,9 @@ def short_locks(servicebus_emulator, storage_connection_string, unique_name, tmp
         "FH_QUEUE": unique_name("in-"),
         "FH_QUEUE_OUT": unique_name("out-"),
     }
-    servicebus_emulator.declare_queue(names["FH_SB_QUEUE"], lock_duration=timedelta(seconds=SHORT), max_delivery_count=5)
+    servicebus_emulator.declare_queue(
+        names["FH_SB_QUEUE"], lock_duration=timedelta(seconds=SHORT), max_delivery_count=5
+    )
     servicebus_emulator.declare_queue(names["FH_SB_OUT_QUEUE"])
     env = {
         "AzureWebJobsStorage": storage_connection_string,
@@ -36,9 +38,11 @@ def short_locks(servicebus_emulator, storage_connection_string, unique_name, tmp
 
 
 def _send_both(servicebus_emulator, storage_connection_string, names, body: str) -> QueueClient:
-    with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
-        with client.get_queue_sender(names["FH_SB_QUEUE"]) as sender:
-            sender.send_messages(ServiceBusMessage(body, message_id="m"))
+    with (
+        ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client,
+        client.get_queue_sender(names["FH_SB_QUEUE"]) as sender,
+    ):
+        sender.send_messages(ServiceBusMessage(body, message_id="m"))
     inbox = QueueClient.from_connection_string(storage_connection_string, names["FH_QUEUE"])
     inbox.send_message(b64(body))
     return inbox
@@ -55,7 +59,12 @@ def test_locks_and_leases_are_renewed_while_a_function_outlives_them(
     # Renewed in time: neither message was handed out a second time while its function ran.
     assert len(records(tmp_path, event="start")) == 2
     eventually(lambda: servicebus_emulator.message_counts(names["FH_SB_QUEUE"])["locked"] == 0, what="completion")
-    assert servicebus_emulator.message_counts(names["FH_SB_QUEUE"]) == {"active": 0, "dead_letter": 0, "scheduled": 0, "locked": 0}
+    assert servicebus_emulator.message_counts(names["FH_SB_QUEUE"]) == {
+        "active": 0,
+        "dead_letter": 0,
+        "scheduled": 0,
+        "locked": 0,
+    }
     assert list(inbox.peek_messages()) == []
 
 
@@ -71,7 +80,11 @@ def test_messages_of_a_killed_host_come_back_to_another_instance(
     assert not victim.stopped_cleanly
     (survivor,) = funchost.start(APP_DIR, env=env)
 
-    done = eventually(lambda: len(records(tmp_path, event="done")) == 2 and records(tmp_path, event="done"), timeout=30, what="redelivery")
+    done = eventually(
+        lambda: len(records(tmp_path, event="done")) == 2 and records(tmp_path, event="done"),
+        timeout=30,
+        what="redelivery",
+    )
     assert {r["instance"] for r in done} == {survivor.instance_id}
     again = {r["function"]: r for r in records(tmp_path, event="start") if r["instance"] == survivor.instance_id}
     assert again["sb_record"]["delivery_count"] == 2

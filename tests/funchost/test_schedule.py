@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -10,7 +10,7 @@ from devtools.funchost.schedule import CronSchedule, IntervalSchedule, ScheduleE
 
 
 def at(*parts: int) -> datetime:
-    return datetime(*parts, tzinfo=timezone.utc)
+    return datetime(*parts, tzinfo=UTC)
 
 
 def occurrences(expression: str, start: datetime, count: int) -> list[datetime]:
@@ -66,7 +66,18 @@ def test_months_without_the_day_are_skipped():
 
 @pytest.mark.parametrize(
     "expression",
-    ["* * * * *", "60 * * * * *", "* * 24 * * *", "* * * 0 * *", "* * * * 13 *", "* * * * * 7", "*/0 * * * * *", "5-1 * * * * *", "x * * * * *", "1,,2 * * * * *"],
+    [
+        "* * * * *",
+        "60 * * * * *",
+        "* * 24 * * *",
+        "* * * 0 * *",
+        "* * * * 13 *",
+        "* * * * * 7",
+        "*/0 * * * * *",
+        "5-1 * * * * *",
+        "x * * * * *",
+        "1,,2 * * * * *",
+    ],
 )
 def test_invalid_expressions_are_rejected(expression):
     with pytest.raises(ScheduleError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
@@ -14,7 +14,11 @@ from tests.funchost.support import APP_DIR, eventually, only, receive_all, recor
 
 @pytest.fixture
 def sb_host(funchost, servicebus_emulator, storage_connection_string, unique_name, tmp_path):
-    names = {"FH_SB_QUEUE": unique_name("in-"), "FH_SB_OUT_QUEUE": unique_name("out-"), "FH_OUT_QUEUE": unique_name("out-")}
+    names = {
+        "FH_SB_QUEUE": unique_name("in-"),
+        "FH_SB_OUT_QUEUE": unique_name("out-"),
+        "FH_OUT_QUEUE": unique_name("out-"),
+    }
     servicebus_emulator.declare_queue(names["FH_SB_QUEUE"], max_delivery_count=3, lock_duration=timedelta(seconds=10))
     servicebus_emulator.declare_queue(names["FH_SB_OUT_QUEUE"])
     env = {
@@ -41,7 +45,7 @@ def test_a_message_reaches_the_function_with_every_property_and_outputs_go_out(s
     host, names, storage_out, record_dir = sb_host
     message_id = str(uuid.uuid4())
     properties = {"kind": "order", "attempt": 2, "urgent": True, "ratio": 0.5}
-    before = datetime.now(timezone.utc)
+    before = datetime.now(UTC)
     _send(
         servicebus_emulator.connection_string,
         names["FH_SB_QUEUE"],
@@ -72,7 +76,7 @@ def test_a_message_reaches_the_function_with_every_property_and_outputs_go_out(s
     assert isinstance(seen["sequence_number"], int)
     assert str(uuid.UUID(seen["lock_token"])) == seen["lock_token"]
     enqueued = _parse(seen["enqueued_time_utc"])
-    assert before - timedelta(seconds=5) <= enqueued <= datetime.now(timezone.utc)
+    assert before - timedelta(seconds=5) <= enqueued <= datetime.now(UTC)
     assert _parse(seen["locked_until"]) > enqueued
     assert seen["time_to_live"] == 300.0
     assert _parse(seen["expires_at_utc"]) == enqueued + timedelta(minutes=5)
@@ -84,16 +88,25 @@ def test_a_message_reaches_the_function_with_every_property_and_outputs_go_out(s
     texts = eventually(lambda: [m.content for m in storage_out.peek_messages()], what="the storage queue output")
     assert [unb64(text) for text in texts] == ["hello"]
     eventually(
-        lambda: servicebus_emulator.message_counts(names["FH_SB_QUEUE"]) == {"active": 0, "dead_letter": 0, "scheduled": 0, "locked": 0},
+        lambda: (
+            servicebus_emulator.message_counts(names["FH_SB_QUEUE"])
+            == {"active": 0, "dead_letter": 0, "scheduled": 0, "locked": 0}
+        ),
         what="the trigger message to be completed",
     )
     (invocation,) = host.invocations("sb_record")
     assert invocation.succeeded and f"message_id={message_id}" in invocation.details
 
 
-def test_an_exception_abandons_until_max_delivery_count_dead_letters_it_and_nothing_is_sent(sb_host, servicebus_emulator):
+def test_an_exception_abandons_until_max_delivery_count_dead_letters_it_and_nothing_is_sent(
+    sb_host, servicebus_emulator
+):
     host, names, storage_out, record_dir = sb_host
-    _send(servicebus_emulator.connection_string, names["FH_SB_QUEUE"], ServiceBusMessage(b'{"fail": true, "out": "never"}', message_id="doomed"))
+    _send(
+        servicebus_emulator.connection_string,
+        names["FH_SB_QUEUE"],
+        ServiceBusMessage(b'{"fail": true, "out": "never"}', message_id="doomed"),
+    )
 
     eventually(
         lambda: servicebus_emulator.message_counts(names["FH_SB_QUEUE"])["dead_letter"] == 1,

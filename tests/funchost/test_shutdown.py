@@ -35,9 +35,11 @@ def stack(servicebus_emulator, storage_connection_string, unique_name, tmp_path)
 
 def _start_both(servicebus_emulator, storage_connection_string, names, seconds: float) -> QueueClient:
     body = f'{{"sleep": {seconds}}}'
-    with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
-        with client.get_queue_sender(names["FH_SB_QUEUE"]) as sender:
-            sender.send_messages(ServiceBusMessage(body, message_id="slow"))
+    with (
+        ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client,
+        client.get_queue_sender(names["FH_SB_QUEUE"]) as sender,
+    ):
+        sender.send_messages(ServiceBusMessage(body, message_id="slow"))
     inbox = QueueClient.from_connection_string(storage_connection_string, names["FH_QUEUE"])
     inbox.send_message(b64(body))
     return inbox
@@ -57,7 +59,12 @@ def test_sigterm_lets_in_flight_messages_finish_settles_them_and_exits_cleanly(
 
     assert {r["function"] for r in records(tmp_path, event="done")} == {"sb_record", "queue_record"}
     assert [i.outcome for i in host.invocations()] == ["Succeeded", "Succeeded"]
-    assert servicebus_emulator.message_counts(names["FH_SB_QUEUE"]) == {"active": 0, "dead_letter": 0, "scheduled": 0, "locked": 0}
+    assert servicebus_emulator.message_counts(names["FH_SB_QUEUE"]) == {
+        "active": 0,
+        "dead_letter": 0,
+        "scheduled": 0,
+        "locked": 0,
+    }
     assert list(inbox.peek_messages()) == []
     assert "funchost stopped:" in host.log_text() and "drained=True" in host.log_text()
 

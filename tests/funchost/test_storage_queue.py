@@ -12,7 +12,12 @@ from tests.funchost.support import APP_DIR, b64, eventually, only, records, unb6
 @pytest.fixture
 def queue_host(funchost, storage_connection_string, unique_name, tmp_path):
     names = {"FH_QUEUE": unique_name("in-"), "FH_QUEUE_OUT": unique_name("out-")}
-    env = {"AzureWebJobsStorage": storage_connection_string, "FH_RECORD_DIR": str(tmp_path), **names, **only("queue_record")}
+    env = {
+        "AzureWebJobsStorage": storage_connection_string,
+        "FH_RECORD_DIR": str(tmp_path),
+        **names,
+        **only("queue_record"),
+    }
     (host,) = funchost.start(APP_DIR, env=env)
 
     def queue(name: str) -> QueueClient:

@@ -15,11 +15,12 @@ import logging
 import os
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import azure.functions as func
 
 app = func.FunctionApp()
+log = logging.getLogger("tests.funchost.app")
 _lock = threading.Lock()
 
 
@@ -29,7 +30,7 @@ def record(function: str, event: str, **fields) -> None:
         "event": event,
         "instance": os.environ["WEBSITE_INSTANCE_ID"],
         "pid": os.getpid(),
-        "at": datetime.now(timezone.utc).isoformat(),
+        "at": datetime.now(UTC).isoformat(),
         **fields,
     }
     path = os.path.join(os.environ["FH_RECORD_DIR"], os.environ["WEBSITE_INSTANCE_ID"] + ".jsonl")
@@ -125,7 +126,7 @@ async def queue_record(msg: func.QueueMessage, context: func.Context) -> str:
 @app.timer_trigger(arg_name="timer", schedule="%FH_TIMER_SCHEDULE%", use_monitor=False)
 def tick(timer: func.TimerRequest) -> None:
     record("tick", "start", past_due=timer.past_due, type=type(timer).__name__)
-    logging.info("tick")
+    log.info("tick")
 
 
 @app.timer_trigger(arg_name="timer", schedule="0 0 0 1 1 *", run_on_startup=True)
