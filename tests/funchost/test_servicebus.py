@@ -122,3 +122,41 @@ def test_an_exception_abandons_until_max_delivery_count_dead_letters_it_and_noth
     assert servicebus_emulator.message_counts(names["FH_SB_OUT_QUEUE"])["active"] == 0, "a Service Bus output was sent"
     assert list(storage_out.peek_messages()) == [], "a storage queue output was sent"
     assert [i.outcome for i in host.invocations("sb_record")] == ["Failed"] * 3
+
+
+def _most_at_once(started: list[dict], finished: list[dict]) -> int:
+    events = [(datetime.fromisoformat(r["at"]), 1) for r in started]
+    events += [(datetime.fromisoformat(r["at"]), -1) for r in finished]
+    running = most = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        running += step
+        most = max(most, running)
+    return most
+
+
+def test_max_concurrent_calls_bounds_the_invocations_in_flight(
+    funchost, servicebus_emulator, storage_connection_string, unique_name, tmp_path
+):
+    queue = unique_name("in-")
+    servicebus_emulator.declare_queue(queue, lock_duration=timedelta(seconds=30))
+    env = {
+        "ServiceBusConnection": servicebus_emulator.connection_string,
+        "AzureWebJobsStorage": storage_connection_string,
+        "FH_RECORD_DIR": str(tmp_path),
+        "FH_SB_QUEUE": queue,
+        "FH_SB_OUT_QUEUE": unique_name("out-"),
+        "FH_OUT_QUEUE": unique_name("out-"),
+        # host.json says 4; an app setting overrides it, as in Azure.
+        "AzureFunctionsJobHost__extensions__serviceBus__maxConcurrentCalls": "3",
+        **only("sb_record"),
+    }
+    funchost.start(APP_DIR, env=env)
+    _send(
+        servicebus_emulator.connection_string,
+        queue,
+        *[ServiceBusMessage('{"sleep": 0.4}', message_id=f"c{i}") for i in range(9)],
+    )
+
+    eventually(lambda: len(records(tmp_path, "sb_record", "done")) == 9, what="nine invocations")
+    started, finished = records(tmp_path, "sb_record", "start"), records(tmp_path, "sb_record", "done")
+    assert _most_at_once(started, finished) == 3
