@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test run setup clean
+.PHONY: demo test run bench setup clean
 
 setup: $(VENV)/.installed node_modules/.installed local.settings.json
 
@@ -32,6 +32,11 @@ demo: setup
 
 run: setup
 	$(PY) -m devtools.run $(RUN_ARGS)
+
+# Benchmarks on the local stack; writes BENCHMARKS.md (see docs/benchmarks.md).
+# BENCH_ARGS="--quick" for a ~2-minute smoke run, "--sweep-100k" for the long sweep step.
+bench: setup
+	$(PY) -m benchmarks $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache

@@ -57,11 +57,13 @@ class Azurite:
                 self.process.wait(timeout=10)
 
 
-def start(ports: dict[str, int] | None = None, timeout: float = 60.0) -> Azurite:
+def start(ports: dict[str, int] | None = None, timeout: float = 60.0, *, debug_log: Path | None = None) -> Azurite:
     """Start Azurite (blob, queue and table) in memory; raise AzuriteError if it can't.
 
     ``ports`` picks fixed ports (e.g. the well-known 10000-10002); by default every
-    service binds a free port.
+    service binds a free port. ``debug_log`` makes Azurite write its debug log (one
+    ``Operation=...`` line per request, used by the benchmarks to count operations)
+    to that file; it slows Azurite down, so it is off by default.
     """
     if not AZURITE_BIN.exists():
         raise AzuriteError(
@@ -75,6 +77,8 @@ def start(ports: dict[str, int] | None = None, timeout: float = 60.0) -> Azurite
     for service, port in ports.items():
         key = service.lower()
         args += [f"--{key}Host", "127.0.0.1", f"--{key}Port", str(port)]
+    if debug_log is not None:
+        args += ["--debug", str(debug_log)]
     process = subprocess.Popen(
         args,
         stdout=subprocess.PIPE,

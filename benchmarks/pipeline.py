@@ -1,0 +1,177 @@
+"""The whole app on the local stack: throughput, latency, operations per order, idle cost.
+
+Orders are sent to the ``orders`` queue like any client sends them; an order is done
+when its state row is Processed. Times come from one clock: the send time taken here,
+and the Processed row's ``Timestamp`` (set by Azurite when it committed the write).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from azure.data.tables import TableClient
+
+from benchmarks.procstat import CpuMeter
+from benchmarks.stack import BenchStack, OrderSender
+from core.store import ACTIVE_PARTITION, STATE_ROW
+
+
+class Timeout(RuntimeError):
+    pass
+
+
+@dataclass
+class RunResult:
+    orders: int
+    processed: int = 0
+    errors: int = 0
+    #: First send -> last Processed commit.
+    seconds: float = 0.0
+    #: Send -> Processed, per order (seconds).
+    latencies: list[float] = field(default_factory=list)
+    #: Send -> state row created (the orders queue and submit_order), per order (seconds).
+    to_created: list[float] = field(default_factory=list)
+    cpu: dict[str, float] = field(default_factory=dict)
+    sb: dict[str, int] = field(default_factory=dict)
+    wall: float = 0.0
+
+    @property
+    def per_second(self) -> float | None:
+        return self.processed / self.seconds if self.seconds else None
+
+    def percentile(self, q: int, values: list[float] | None = None) -> float | None:
+        values = self.latencies if values is None else values
+        if not values:
+            return None
+        if len(values) == 1:
+            return values[0]
+        return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def state_rows(table: TableClient, prefix: str) -> dict[str, dict]:
+    """The state rows of the orders whose id starts with ``prefix`` (one range query)."""
+    rows = table.query_entities(
+        "PartitionKey ge @lo and PartitionKey lt @hi and RowKey eq @rk",
+        parameters={"lo": prefix, "hi": prefix + "~", "rk": STATE_ROW},
+        select=["PartitionKey", "ProcessState", "CreatedAt", "UpdatedAt"],
+    )
+    return {row["PartitionKey"]: row for row in rows}
+
+
+def in_flight(table: TableClient, prefix: str) -> int:
+    rows = table.query_entities(
+        "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
+        parameters={"pk": ACTIVE_PARTITION, "lo": prefix, "hi": prefix + "~"},
+        select=["RowKey"],
+    )
+    return sum(1 for _ in rows)
+
+
+def wait_done(stack: BenchStack, table: TableClient, prefix: str, count: int, effects_before: int, *, timeout: float,
+              interval: float = 0.25, progress=None) -> bool:
+    """Until every order of the run is finished (its remote effect applied, then out of the
+    active index). Polls the fake remote's in-process counter first (free), the index
+    partition only at the end, so the poll costs the stack next to nothing."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = stack.remote.effects()["total"] - effects_before
+        if progress is not None:
+            progress(min(done, count))
+        if done >= count:
+            break
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    while in_flight(table, prefix):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
+def _timestamp(row) -> float | None:
+    value = row.metadata.get("timestamp")
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return None
+
+
+def _finish(result: RunResult, table: TableClient, prefix: str, sent: dict[str, float], first_send: float) -> None:
+    rows = state_rows(table, prefix)
+    last = first_send
+    for order_id, at in sent.items():
+        row = rows.get(order_id)
+        if row is None:
+            continue
+        if row["ProcessState"] == "Processed":
+            result.processed += 1
+            done = _timestamp(row) or row["UpdatedAt"].timestamp()
+            last = max(last, done)
+            result.latencies.append(done - at)
+            result.to_created.append(row["CreatedAt"].timestamp() - at)
+        elif row["ProcessState"] == "Error":
+            result.errors += 1
+    result.latencies.sort()
+    result.to_created.sort()
+    result.seconds = last - first_send
+
+
+def warm_up(stack: BenchStack, sender: OrderSender, prefix: str, count: int = 20, timeout: float = 60) -> None:
+    """A few orders through every function, so links and connections are open before timing."""
+    table = stack.table()
+    before = stack.remote.effects()["total"]
+    sender.send([f"{prefix}{i:05d}" for i in range(count)])
+    if not wait_done(stack, table, prefix, count, before, timeout=timeout):
+        raise Timeout(f"warm-up orders were not processed within {timeout:.0f} s (see the host logs in {stack.log_dir})")
+
+
+def throughput(stack: BenchStack, sender: OrderSender, prefix: str, count: int, *, timeout: float,
+               progress=None) -> RunResult:
+    """Send ``count`` orders at once; orders/s from the first send to the last Processed."""
+    table = stack.table()
+    ids = [f"{prefix}{i:05d}" for i in range(count)]
+    result = RunResult(count)
+    meter = CpuMeter(stack.pids)
+    effects_before = stack.remote.effects()["total"]
+    sb_before = stack.sb_counts()
+    meter.start()
+    first_send = time.time()
+    sent = sender.send(ids)
+    finished = wait_done(stack, table, prefix, count, effects_before, timeout=timeout, progress=progress)
+    result.cpu = meter.stop()
+    result.wall = result.cpu.pop("wall")
+    result.sb = _delta(stack.sb_counts(), sb_before)
+    _finish(result, table, prefix, sent, first_send)
+    if not finished:
+        result.seconds = time.time() - first_send
+    return result
+
+
+def steady(stack: BenchStack, sender: OrderSender, prefix: str, *, rate: float, seconds: float, timeout: float,
+           progress=None) -> RunResult:
+    """One order every 1/rate seconds for ``seconds``; latency of each, send -> Processed."""
+    table = stack.table()
+    count = max(1, int(rate * seconds))
+    result = RunResult(count)
+    effects_before = stack.remote.effects()["total"]
+    sent: dict[str, float] = {}
+    start = time.monotonic() + 0.1
+    first_send = time.time()
+    for i in range(count):
+        delay = start + i / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        order_id = f"{prefix}{i:05d}"
+        sent.update(sender.send([order_id], start_index=i))
+        if progress is not None:
+            progress(i + 1)
+    wait_done(stack, table, prefix, count, effects_before, timeout=timeout)
+    _finish(result, table, prefix, sent, first_send)
+    return result
+
+
+def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}

@@ -1,0 +1,107 @@
+"""Recovery: a host is killed (SIGKILL) while the fake remote service holds the agent's
+call for an order (``slow``: the effect is applied, the response never comes); another
+host recovers the order once the supervisor sees the step expire.
+
+Timeline of one trial, from the state row (polled every 50 ms) and the clock here::
+
+    claim ──(step timeout)──► CompleteBy ──(next supervisor tick)──► reset to Pending
+          ──(retry backoff, then the queue poll)──► claim, attempt 2 ──► Processed
+
+The target (step timeout + supervisor period + 2 s) is a bound for a kill right after
+the claim, the worst moment; the trial kills a little later (the second host has to be
+running first), so both *kill -> Processed* and *claim -> Processed* are reported.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from benchmarks.stack import BenchStack, OrderSender
+from core.store import STATE_ROW
+
+#: The recovery trial's settings (app settings of the hosts).
+SETTINGS = {"STEP_TIMEOUT_SECONDS": "5", "SUPERVISOR_SCHEDULE": "*/2 * * * * *"}
+STEP_TIMEOUT = 5.0
+SUPERVISOR_PERIOD = 2.0
+TARGET = STEP_TIMEOUT + SUPERVISOR_PERIOD + 2.0
+
+
+@dataclass
+class Trial:
+    order_id: str
+    claimed: float
+    killed: float
+    complete_by: float
+    reset: float | None
+    reclaimed: float | None
+    processed: float | None
+    effects: int
+    attempts: int
+
+    @property
+    def from_kill(self) -> float | None:
+        return None if self.processed is None else self.processed - self.killed
+
+    @property
+    def from_claim(self) -> float | None:
+        return None if self.processed is None else self.processed - self.claimed
+
+
+def _poll(table, order_id: str, until, timeout: float, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        row = table.get_entity(order_id, STATE_ROW)
+        seen.append((time.time(), row))
+        if until(row):
+            return row, seen
+        time.sleep(interval)
+    return None, seen
+
+
+def trial(stack: BenchStack, sender: OrderSender, order_id: str, *, timeout: float = 60.0) -> Trial:
+    """One trial; needs exactly one running host (the victim). Leaves one running host."""
+    table = stack.table()
+    victims = stack.alive_hosts()
+    if len(victims) != 1:
+        raise RuntimeError(f"a recovery trial needs exactly one running host, found {len(victims)}")
+    stack.remote.set_faults(script={order_id: ["slow"]}, slow_seconds=120)
+    sender.send([order_id])
+    deadline = time.monotonic() + timeout
+    while stack.remote.effects()["by_order"].get(order_id, 0) < 1 or stack.remote.effects()["in_flight"] < 1:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"order {order_id} never reached the remote service")
+        time.sleep(0.02)
+    row = table.get_entity(order_id, STATE_ROW)
+    claimed = row["UpdatedAt"].timestamp()
+    complete_by = row["CompleteBy"].timestamp()
+    stack.start_hosts(1)  # the survivor: running before the crash, as in a real deployment
+    killed = time.time()
+    stack.kill_host(victims[0])
+    timeline: dict[str, float | None] = {"reset": None, "reclaimed": None}
+
+    def done(row) -> bool:
+        if timeline["reset"] is None and row["ProcessState"] == "Pending":
+            timeline["reset"] = row["UpdatedAt"].timestamp()
+        if timeline["reclaimed"] is None and row["ProcessState"] == "Processing" and row["Attempt"] >= 2:
+            timeline["reclaimed"] = row["UpdatedAt"].timestamp()
+        return row["ProcessState"] in ("Processed", "Error")
+
+    final, _ = _poll(table, order_id, done, timeout)
+    stack.remote.set_faults()  # no script left for the next trial
+    processed = None
+    if final is not None and final["ProcessState"] == "Processed":
+        stamp = final.metadata.get("timestamp")
+        processed = stamp.timestamp() if stamp is not None else final["UpdatedAt"].timestamp()
+    return Trial(
+        order_id=order_id,
+        claimed=claimed,
+        killed=killed,
+        complete_by=complete_by,
+        reset=timeline["reset"],
+        reclaimed=timeline["reclaimed"],
+        processed=processed,
+        effects=stack.remote.effects()["by_order"].get(order_id, 0),
+        attempts=final["Attempt"] if final is not None else 0,
+    )

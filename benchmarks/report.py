@@ -1,0 +1,225 @@
+"""The benchmark report: figures with their targets, tables of detail, and how both are
+printed (a rich table on the terminal) and written (``BENCHMARKS.md``).
+
+Every figure has a stable ``key`` (``"pipeline.throughput.1_host"``...), so tests and
+readers can find a row whatever its wording.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table as RichTable
+
+
+@dataclass
+class Figure:
+    key: str
+    label: str
+    value: float | int | str | None
+    unit: str = ""
+    #: The target as text ("≥ 0.5"), if there is one.
+    target: str | None = None
+    #: Whether the target is met (None: no target, or not measured).
+    met: bool | None = None
+    note: str = ""
+
+    def shown(self) -> str:
+        return format_value(self.value, self.unit)
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[Any]] = field(default_factory=list)
+    note: str = ""
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    intro: str = ""
+    figures: list[Figure] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    #: Seconds the phase took (shown in the run summary).
+    seconds: float | None = None
+    #: The machine's 1-minute load average when the phase started and ended.
+    load: tuple[float, float] | None = None
+    error: str | None = None
+
+    def figure(self, key: str, label: str, value, unit: str = "", **extra) -> Figure:
+        fig = Figure(f"{self.key}.{key}", label, value, unit, **extra)
+        self.figures.append(fig)
+        return fig
+
+    def table(self, title: str, columns: list[str], rows: list[list[Any]] | None = None, note: str = "") -> Table:
+        table = Table(title, columns, rows or [], note)
+        self.tables.append(table)
+        return table
+
+
+@dataclass
+class Report:
+    machine: dict[str, str]
+    options: dict[str, Any]
+    sections: list[Section] = field(default_factory=list)
+
+    def section(self, key: str, title: str, intro: str = "") -> Section:
+        section = Section(key, title, intro)
+        self.sections.append(section)
+        return section
+
+    def figures(self) -> dict[str, Figure]:
+        return {f.key: f for s in self.sections for f in s.figures}
+
+    def get(self, key: str) -> Figure | None:
+        return self.figures().get(key)
+
+    def targets(self) -> list[Figure]:
+        return [f for s in self.sections for f in s.figures if f.target]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, default=str)
+
+    # -- terminal ------------------------------------------------------------------------
+
+    def print(self, console: Console) -> None:
+        for section in self.sections:
+            if section.error:
+                console.print(f"[bold red]{section.title}: not measured[/bold red] ({section.error})")
+                continue
+            for table in section.tables:
+                rich = RichTable(title=f"{section.title}: {table.title}", title_justify="left")
+                for i, column in enumerate(table.columns):
+                    rich.add_column(column, justify="left" if i == 0 else "right")
+                for row in table.rows:
+                    rich.add_row(*(format_cell(cell) for cell in row))
+                console.print(rich)
+        summary = RichTable(title="Benchmark figures", title_justify="left")
+        for column in ("figure", "value", "target", "met"):
+            summary.add_column(column, justify="right" if column != "figure" else "left")
+        for section in self.sections:
+            for fig in section.figures:
+                met = "" if fig.met is None else ("[green]yes[/green]" if fig.met else "[red]no[/red]")
+                summary.add_row(f"{section.title}: {fig.label}", fig.shown(), fig.target or "", met)
+        console.print(summary)
+
+    # -- BENCHMARKS.md -------------------------------------------------------------------
+
+    def to_markdown(self) -> str:
+        m = self.machine
+        out = [
+            "# Benchmarks",
+            "",
+            "Written by `make bench` (`python -m benchmarks`); how to run it and what each figure",
+            "means: [docs/benchmarks.md](docs/benchmarks.md). Everything runs on one machine on the",
+            "local stack (Azurite, the project's Service Bus emulator, the fake remote service and",
+            "local Functions host processes), so the figures compare designs and catch regressions;",
+            "they are not Azure's throughput.",
+            "",
+            "## Machine",
+            "",
+            "| | |",
+            "| --- | --- |",
+            f"| date | {m.get('date')} |",
+            f"| CPU | {m.get('cpu')} |",
+            f"| cores / memory | {m.get('cores')} / {m.get('memory')} |",
+            f"| OS | {m.get('os')} |",
+            f"| Python / Node.js | {m.get('python')} / {m.get('node')} |",
+            f"| Azurite | {m.get('azurite')} |",
+            "| SDKs | "
+            + ", ".join(f"{name} {m[name]}" for name in m if name.startswith("azure-"))
+            + " |",
+            f"| options | `{' '.join(_option_words(self.options)) or '(defaults)'}` |",
+            f"| run took | {m.get('duration', '?')}; 1-minute load average at the start {m.get('load', '?')} |",
+            "",
+            "## Targets",
+            "",
+            "| figure | measured | target | met |",
+            "| --- | ---: | ---: | :---: |",
+        ]
+        for section in self.sections:
+            for fig in section.figures:
+                if fig.target:
+                    met = "–" if fig.met is None else ("yes" if fig.met else "**no**")
+                    out.append(f"| {section.title}: {fig.label} | {fig.shown()} | {fig.target} | {met} |")
+        for section in self.sections:
+            out += ["", f"## {section.title}", ""]
+            if section.intro:
+                out += [section.intro, ""]
+            if section.seconds is not None:
+                load = f"; load average {section.load[0]:.1f} → {section.load[1]:.1f}" if section.load else ""
+                out += [f"*Phase took {section.seconds:.0f} s{load}.*", ""]
+            if section.error:
+                out += [f"Not measured in this run: {section.error}", ""]
+                continue
+            if section.figures:
+                out += ["| figure | value | target | met |", "| --- | ---: | ---: | :---: |"]
+                for fig in section.figures:
+                    met = "" if fig.met is None else ("yes" if fig.met else "**no**")
+                    label = fig.label + (f" ({fig.note})" if fig.note else "")
+                    out.append(f"| {label} | {fig.shown()} | {fig.target or ''} | {met} |")
+                out.append("")
+            for table in section.tables:
+                out += [f"**{table.title}**", ""]
+                out.append("| " + " | ".join(table.columns) + " |")
+                out.append("| " + " | ".join(["---"] + ["---:"] * (len(table.columns) - 1)) + " |")
+                for row in table.rows:
+                    out.append("| " + " | ".join(format_cell(cell) for cell in row) + " |")
+                out.append("")
+                if table.note:
+                    out += [table.note, ""]
+            for note in section.notes:
+                out += [note, ""]
+        return "\n".join(out).rstrip() + "\n"
+
+
+def _option_words(options: dict[str, Any]) -> list[str]:
+    words = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif value not in (False, None):
+            words.append(f"{flag} {value}")
+    return words
+
+
+def format_value(value, unit: str = "") -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "n/a"
+        text = _number(value)
+    else:
+        text = str(value)
+    return f"{text} {unit}".strip() if unit else text
+
+
+def _number(value: float) -> str:
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:,.0f}"
+    if magnitude >= 100:
+        return f"{value:.0f}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    if magnitude >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def format_cell(cell) -> str:
+    if isinstance(cell, float):
+        return format_value(cell)
+    if cell is None:
+        return "–"
+    return str(cell)

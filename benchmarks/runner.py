@@ -1,0 +1,590 @@
+"""Runs the phases on their local stacks and builds the report.
+
+Stacks (each started for the phases that need it, and stopped after them):
+
+- *bare*: Azurite and the Service Bus emulator, no hosts: ``ceiling``, ``sweep``;
+- *app*: plus the fake remote service and local hosts running ``function_app.py``:
+  ``latency``, ``pipeline`` (1 host, then 2), ``recovery``;
+- *counted*: the app stack with Azurite writing its debug log (slower, so no timing is
+  taken on it): ``idle``, ``ops``;
+- *experiment*: the app stack with a patched host (``benchmarks.whatif_host``):
+  ``experiments`` (figures beside the targets, never checked against them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import traceback
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from benchmarks import ceiling, pipeline, recovery
+from benchmarks.azurite_log import FRIENDLY, AzuriteLog, service_of
+from benchmarks.machine import describe
+from benchmarks.report import Report, Section
+from benchmarks.stack import BenchStack, OrderSender
+from benchmarks.sweep import IN_FLIGHT, SweepBench
+from core import names
+from devtools.localstack import ROOT
+
+PHASES = ("ceiling", "sweep", "latency", "pipeline", "recovery", "idle", "ops", "experiments")
+
+
+@dataclass
+class Plan:
+    """How much of each phase to run (``quick`` for a smoke run)."""
+
+    serial_ops: int = 300
+    parallel: tuple[int, int] = (2, 4)
+    parallel_ops: int = 1600
+    op_budget: float = 10.0
+    study: tuple[tuple[int, int], ...] = ((1, 1), (1, 8), (8, 1), (2, 4))
+    study_ops: int = 800
+    transport_reads: int = 400
+    sweep_history: tuple[int, ...] = (0, 10_000)
+    sweep_repeats: int = 5
+    pipeline_orders: int = 1000
+    pipeline_timeout: float = 240.0
+    latency_rate: float = 10.0
+    latency_seconds: float = 30.0
+    idle_seconds: float = 60.0
+    ops_orders: int = 200
+    recovery_trials: int = 3
+
+    @classmethod
+    def quick(cls) -> "Plan":
+        return cls(
+            serial_ops=40, parallel=(2, 2), parallel_ops=200, op_budget=3.0, study=((1, 1), (1, 4), (4, 1)),
+            study_ops=120, transport_reads=80, sweep_history=(0, 1000), sweep_repeats=3, pipeline_orders=200,
+            pipeline_timeout=90.0, latency_seconds=8.0, idle_seconds=20.0, ops_orders=50, recovery_trials=1,
+        )
+
+
+@dataclass
+class Options:
+    quick: bool = False
+    phases: tuple[str, ...] = PHASES
+    sweep_100k: bool = False
+    out: Path | None = ROOT / "BENCHMARKS.md"
+    json_out: Path | None = None
+    keep_logs: bool = False
+    plan: Plan = field(default_factory=Plan)
+
+    def words(self) -> dict:
+        chosen = None if set(self.phases) == set(PHASES) else ",".join(self.phases)
+        return {"quick": self.quick, "phases": chosen, "sweep_100k": self.sweep_100k}
+
+
+class Runner:
+    def __init__(self, options: Options, console: Console | None = None) -> None:
+        self.options = options
+        self.plan = Plan.quick() if options.quick else options.plan
+        if options.sweep_100k and 100_000 not in self.plan.sweep_history:
+            self.plan.sweep_history = tuple(self.plan.sweep_history) + (100_000,)
+        self.console = console or Console()
+        self.report = Report(machine=describe(), options=options.words())
+        self.report.machine["load"] = f"{os.getloadavg()[0]:.1f}"
+        self.logs = Path(tempfile.mkdtemp(prefix="bench-logs-"))
+        self.results: dict[str, object] = {}
+        self.progress: Progress | None = None
+
+    # -- the run --------------------------------------------------------------------------
+
+    def run(self) -> Report:
+        wanted = set(self.options.phases)
+        started = time.monotonic()
+        with Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=self.console, transient=True,
+        ) as progress:
+            self.progress = progress
+            if wanted & {"ceiling", "sweep"}:
+                with self._stack("bare", with_remote=False, hosts=0) as stack:
+                    if "ceiling" in wanted:
+                        self._phase("ceiling", "Ceiling: raw operations", self._ceiling, stack)
+                    if "sweep" in wanted:
+                        self._phase("sweep", "Supervisor sweep vs history", self._sweep, stack)
+            if wanted & {"latency", "pipeline", "recovery"}:
+                with self._stack("app", hosts=1) as stack:
+                    sender = OrderSender(stack.servicebus_connection_string)
+                    try:
+                        pipeline.warm_up(stack, sender, "warm1-")
+                        if "latency" in wanted:
+                            self._phase("latency", "Latency at a light steady load", self._latency, stack, sender)
+                        if "pipeline" in wanted:
+                            self._phase("pipeline", "Pipeline throughput", self._pipeline, stack, sender)
+                        if "recovery" in wanted:
+                            self._phase("recovery", "Recovery after a host crash", self._recovery, stack, sender)
+                    finally:
+                        sender.close()
+            if wanted & {"idle", "ops"}:
+                debug_log = self.logs / "counted" / "azurite-debug.log"
+                with self._stack("counted", hosts=1, azurite_debug_log=debug_log) as stack:
+                    sender = OrderSender(stack.servicebus_connection_string)
+                    try:
+                        pipeline.warm_up(stack, sender, "warm-")
+                        log = AzuriteLog(debug_log)
+                        if "idle" in wanted:
+                            self._phase("idle", "Idle cost", self._idle, stack, log)
+                        if "ops" in wanted:
+                            self._phase("ops", "Operations per order", self._ops, stack, sender, log)
+                    finally:
+                        sender.close()
+            if "experiments" in wanted and not self.options.quick:
+                with self._stack(
+                    "experiment", hosts=1, host_module="benchmarks.whatif_host",
+                    settings={"BENCH_HOST_PATCHES": "sb-batch-wait-off"},
+                ) as stack:
+                    sender = OrderSender(stack.servicebus_connection_string)
+                    try:
+                        pipeline.warm_up(stack, sender, "warm-")
+                        self._phase("experiments", "Experiments (not the shipped code)", self._experiments, stack, sender)
+                    finally:
+                        sender.close()
+        self.report.machine["duration"] = f"{time.monotonic() - started:.0f} s"
+        self._order_sections()
+        return self.report
+
+    def finish(self) -> None:
+        if self.options.out is not None:
+            self.options.out.write_text(self.report.to_markdown(), encoding="utf-8")
+        if self.options.json_out is not None:
+            self.options.json_out.write_text(self.report.to_json(), encoding="utf-8")
+        if self.options.keep_logs:
+            self.console.print(f"logs kept in {self.logs}")
+        else:
+            shutil.rmtree(self.logs, ignore_errors=True)
+
+    def _order_sections(self) -> None:
+        order = {key: i for i, key in enumerate(("ceiling", "pipeline", "ops", "latency", "sweep", "recovery", "idle", "experiments"))}
+        self.report.sections.sort(key=lambda s: order.get(s.key, 99))
+
+    @contextmanager
+    def _stack(self, name: str, *, hosts: int, **kwargs):
+        self._status(f"starting the {name} stack")
+        stack = BenchStack(log_dir=self.logs / name, **kwargs)
+        stack.start(hosts=hosts)
+        try:
+            yield stack
+        finally:
+            self._status(f"stopping the {name} stack")
+            stack.stop()
+
+    def _phase(self, key: str, title: str, body, *args) -> None:
+        section = self.report.section(key, title)
+        started = time.monotonic()
+        load_before = os.getloadavg()[0]
+        try:
+            body(section, *args)
+        except Exception as error:  # noqa: BLE001 - one phase failing must not lose the others
+            section.error = f"{type(error).__name__}: {error}".splitlines()[0]
+            self.console.print(f"[red]{title} failed[/red]:\n{traceback.format_exc()}")
+        section.seconds = time.monotonic() - started
+        section.load = (load_before, os.getloadavg()[0])
+        self.console.print(f"[green]✓[/green] {title} ({section.seconds:.0f} s)")
+
+    def _status(self, text: str, total: int | None = None):
+        if self.progress is None:
+            return None
+        for task in list(self.progress.tasks):
+            self.progress.remove_task(task.id)
+        return self.progress.add_task(text, total=total)
+
+    def _counter(self, text: str, total: int):
+        task = self._status(text, total)
+        return lambda done: self.progress.update(task, completed=done) if self.progress is not None else None
+
+    # -- phases ---------------------------------------------------------------------------
+
+    def _ceiling(self, section: Section, stack: BenchStack) -> None:
+        plan = self.plan
+        kinds = tuple(kind for kind, _, _ in ceiling.OPERATIONS)
+        section.intro = ceiling.__doc__.split("\n\n", 1)[1].strip()
+        tick = self._counter("ceiling: one client, one thread", len(kinds))
+        done = iter(range(1, 100))
+        serial = ceiling.measure(
+            stack, processes=1, threads=1, count=plan.serial_ops, budget=plan.op_budget, plan=kinds,
+            sb_queue="bench-serial", progress=lambda _: tick(next(done)),
+        )
+        processes, threads = plan.parallel
+        tick = self._counter(f"ceiling: {processes} processes x {threads} threads", len(kinds))
+        done = iter(range(1, 100))
+        parallel = ceiling.measure(
+            stack, processes=processes, threads=threads, count=plan.parallel_ops, budget=plan.op_budget, plan=kinds,
+            sb_queue="bench-parallel", progress=lambda _: tick(next(done)),
+        )
+        self.results["ceiling"] = parallel
+        rows = []
+        for kind, label, per_order in ceiling.OPERATIONS:
+            s, p = serial[kind], parallel[kind]
+            rows.append([
+                label, per_order, s.latency(50), s.per_second, p.per_second, p.cost_ms,
+                p.cpu_ms("client"), p.cpu_ms("azurite"), p.cpu_ms("servicebus"), p.errors + s.errors,
+            ])
+        section.table(
+            "operations",
+            ["operation", "per order", "1 thread: p50 ms", "1 thread: ops/s", f"{processes}×{threads}: ops/s",
+             f"{processes}×{threads}: ms/op", "client CPU ms/op", "Azurite CPU ms/op", "emulator CPU ms/op", "errors"],
+            rows,
+            note=ceiling.PER_ORDER_WHY,
+        )
+        best = ceiling.orders_per_second(parallel)
+        one = ceiling.orders_per_second(serial)
+        section.figure(
+            "orders_per_s", f"ceiling, {processes} processes × {threads} threads (the pipeline's reference)", best,
+            "orders/s",
+        )
+        section.figure("orders_per_s_serial", "ceiling, one client doing one operation at a time", one, "orders/s")
+        cpu = ceiling.cpu_per_order_ms(parallel)
+        if cpu:
+            total = sum(cpu.values())
+            section.figure(
+                "cpu_ms_per_order", "CPU per order on the minimal path (client + Azurite + emulator)", total, "ms",
+                note=", ".join(f"{who} {value:.1f}" for who, value in cpu.items()),
+            )
+            cores = float(self.report.machine.get("cores") or 1)
+            self.results["cpu_bound"] = cores * 1000 / total
+            section.figure("cpu_bound_orders_per_s", f"CPU bound: {cores:.0f} cores / CPU per order (no waiting at all)",
+                           cores * 1000 / total, "orders/s")
+        # If-Match updates: threads in one process vs processes.
+        study_rows = []
+        for processes, threads in plan.study:
+            tick = self._counter(f"ceiling: updates with {processes}×{threads}", 2)
+            done = iter(range(1, 10))
+            result = ceiling.measure(
+                stack, processes=processes, threads=threads, count=plan.study_ops, budget=plan.op_budget,
+                plan=("table.transaction", "table.update"), sb_queue="bench-study", progress=lambda _: tick(next(done)),
+            )
+            update = result["table.update"]
+            study_rows.append([
+                f"{processes} process{'es' if processes > 1 else ''} × {threads} thread{'s' if threads > 1 else ''}",
+                update.per_second, update.latency(50), update.latency(99), update.cpu_ms("client"), update.cpu_ms("azurite"),
+            ])
+            section.figure(f"update_ops_per_s.{processes}x{threads}", f"If-Match updates, {processes}×{threads}",
+                           update.per_second, "ops/s")
+        section.table(
+            "If-Match MERGE updates: threads in one process vs processes",
+            ["workers", "updates/s", "p50 ms", "p99 ms", "client CPU ms/op", "Azurite CPU ms/op"], study_rows,
+            note="Threads of one process share one client and one interpreter lock: the client's ~1.5-2 ms of CPU "
+            "per call is serialised, so more threads add waiting, not throughput. Processes add a core each.",
+        )
+        tick = self._counter("ceiling: transport settings", 1)
+        medians = ceiling.transport_comparison(stack, reads=plan.transport_reads)
+        tick(1)
+        gain = (1 - medians["app"] / medians["default"]) * 100 if medians["default"] else None
+        section.table(
+            "client transport (point read, one thread, median)",
+            ["transport", "ms"],
+            [["SDK default RequestsTransport()", medians["default"]],
+             ["the app's RequestsTransport(use_env_settings=False)", medians["app"]]],
+        )
+        section.figure("transport_gain_pct", "point read faster with the app's transport settings", gain, "%")
+
+    def _sweep(self, section: Section, stack: BenchStack) -> None:
+        from benchmarks import sweep as sweep_module
+
+        section.intro = sweep_module.__doc__.split("\n\n", 1)[1].strip()
+        bench = SweepBench(stack)
+        try:
+            bench.add_in_flight()
+            points = []
+            for history in self.plan.sweep_history:
+                add = history - bench.history
+                if add > 0:
+                    tick = self._counter(f"sweep: writing finished orders up to {history:,}", add)
+                    seconds = bench.add_history(add, progress=tick)
+                    section.notes.append(
+                        f"{add:,} finished orders written in {seconds:.0f} s ({add / seconds:.0f} transactions/s)."
+                    )
+                self._status(f"sweep: measuring beside {history:,} finished orders")
+                points.append(bench.measure(self.plan.sweep_repeats))
+        finally:
+            bench.close()
+        base = points[0]
+        rows = []
+        for point in points:
+            rows.append([
+                f"{point.history:,}", point.sweep_ms, point.supervisor_ms, point.index_query_ms, point.naive_ms,
+                point.rows_examined_sweep, point.rows_examined_naive,
+                ", ".join(f"{k} {v}" for k, v in sorted(point.table_ops.items())),
+            ])
+            section.figure(f"sweep_ms.{point.history}", f"StateStore.sweep beside {point.history:,} finished orders",
+                           point.sweep_ms, "ms")
+            section.figure(f"naive_ms.{point.history}", f"naive full-table filter beside {point.history:,}",
+                           point.naive_ms, "ms")
+        section.table(
+            f"{IN_FLIGHT} in-flight orders beside N finished ones (median of {self.plan.sweep_repeats})",
+            ["finished orders", "StateStore.sweep ms", "supervision.sweep ms", "index query alone ms",
+             "naive filter ms", "rows read by a sweep in Azure", "rows read by the naive filter in Azure",
+             "table operations per sweep"],
+            rows,
+            note="The naive filter is `RowKey eq 'state' and ProcessState eq 'Processing' and CompleteBy lt now` "
+            "over the whole table. Azurite evaluates every query, single-partition ones included, by scanning "
+            "all the table's entities in memory (its Loki store filters with a JavaScript predicate), and does so "
+            "fast, while each point read costs the Python client ~1.5-2 ms of CPU: locally the naive filter is "
+            "the cheaper one. Azure Table Storage has no secondary index: the naive filter reads every row of "
+            "the table (billed and paged at 1,000 rows or 5 s per page), while the sweep reads one partition "
+            "of the index and then one row per in-flight order, whatever the history.",
+        )
+        last = points[-1]
+        if base.sweep_ms and last is not base:
+            ratio = last.sweep_ms / base.sweep_ms
+            full = last.history >= 100_000
+            section.figure(
+                "ratio", f"sweep({last.history:,}) / sweep(0)", ratio, "", target="≤ 2 (at 100,000)",
+                met=(ratio <= 2) if full else None,
+                note="" if full else "run with --sweep-100k for the 100,000 step",
+            )
+            section.figure("naive_ratio", f"naive({last.history:,}) / naive(0)", last.naive_ms / base.naive_ms if base.naive_ms else None)
+
+    def _latency(self, section: Section, stack: BenchStack, sender: OrderSender) -> None:
+        plan = self.plan
+        count = int(plan.latency_rate * plan.latency_seconds)
+        tick = self._counter(f"latency: {plan.latency_rate:g} orders/s for {plan.latency_seconds:g} s (1 host)", count)
+        result = pipeline.steady(
+            stack, sender, "lat-", rate=plan.latency_rate, seconds=plan.latency_seconds, timeout=120, progress=tick
+        )
+        self._latency_figures(section, result, targets=True)
+        section.intro = (
+            f"{count} orders sent one by one at {plan.latency_rate:g} orders/s to one host; latency is from the send "
+            "to the commit of the Processed row (its Timestamp), both on this machine's clock."
+        )
+
+    def _latency_figures(self, section: Section, result: pipeline.RunResult, *, targets: bool, key: str = "",
+                         label: str = "") -> None:
+        p50 = result.percentile(50)
+        section.figure(f"{key}p50", f"{label}p50 submission → Processed", p50, "s",
+                       target="≤ 0.5 s" if targets else None, met=(p50 <= 0.5) if targets and p50 is not None else None)
+        section.figure(f"{key}p95", f"{label}p95", result.percentile(95), "s")
+        section.figure(f"{key}p99", f"{label}p99", result.percentile(99), "s")
+        section.figure(f"{key}to_created_p50", f"{label}p50 submission → state row written (orders queue + submit_order)",
+                       result.percentile(50, result.to_created), "s")
+        section.figure(f"{key}processed", f"{label}orders Processed", f"{result.processed} / {result.orders}")
+
+    def _pipeline(self, section: Section, stack: BenchStack, sender: OrderSender) -> None:
+        plan = self.plan
+        ceiling_results = self.results.get("ceiling")
+        best = ceiling.orders_per_second(ceiling_results) if ceiling_results else None
+        rows = []
+        for hosts in (1, 2):
+            if hosts == 2:
+                self._status("pipeline: starting a second host")
+                stack.start_hosts(1)
+                pipeline.warm_up(stack, sender, "warm2-")
+            tick = self._counter(f"pipeline: {plan.pipeline_orders} orders, {hosts} host(s)", plan.pipeline_orders)
+            result = pipeline.throughput(stack, sender, f"run{hosts}-", plan.pipeline_orders,
+                                         timeout=plan.pipeline_timeout, progress=tick)
+            key = f"{hosts}_host" + ("s" if hosts > 1 else "")
+            section.figure(f"throughput.{key}", f"throughput, {hosts} host process{'es' if hosts > 1 else ''}",
+                           result.per_second, "orders/s", note=f"{result.processed}/{result.orders} Processed")
+            ratio = result.per_second / best if best and result.per_second else None
+            section.figure(f"ratio.{key}", f"{hosts} host{'s' if hosts > 1 else ''} / ceiling", ratio, "",
+                           target="≥ 0.5", met=(ratio >= 0.5) if ratio is not None else None)
+            bound = self.results.get("cpu_bound")
+            if bound and result.per_second:
+                section.figure(f"ratio_cpu_bound.{key}", f"{hosts} host{'s' if hosts > 1 else ''} / CPU-bound ceiling",
+                               result.per_second / bound, "")
+            cpu = {name: value / max(result.processed, 1) * 1000 for name, value in result.cpu.items()}
+            host_cpu = sum(v for k, v in cpu.items() if k.startswith("host"))
+            rows.append([
+                f"{hosts}", result.per_second, result.seconds, result.percentile(50), host_cpu, cpu.get("azurite"),
+                cpu.get("servicebus"), sum(result.cpu.values()) / result.wall if result.wall else None,
+            ])
+        section.table(
+            f"{plan.pipeline_orders} orders sent at once, no faults",
+            ["hosts", "orders/s", "seconds", "p50 latency s", "host CPU ms/order", "Azurite CPU ms/order",
+             "emulator CPU ms/order", "cores busy (of the stack)"],
+            rows,
+            note="Host CPU per order is all the host processes' CPU over the run divided by the orders; "
+            "it includes the Functions host machinery, message parsing, logging and the agent's HTTP call, "
+            "which the ceiling does not. The fake remote service and this benchmark share a third process "
+            "(not counted in 'cores busy').",
+        )
+        section.intro = (
+            "Orders/s from the first send to the last Processed commit, with the app's default settings "
+            "(host.json: 16 concurrent Service Bus calls per trigger, storage-queue batches of 16). "
+            "The ratio is against the ceiling's parallel figure measured in the same run."
+        )
+
+    def _recovery(self, section: Section, stack: BenchStack, sender: OrderSender) -> None:
+        section.intro = recovery.__doc__.split("\n\n", 1)[1].strip()
+        self._status("recovery: restarting hosts with a 5 s step timeout and a 2 s supervisor")
+        stack.stop_hosts()
+        stack.settings.update(recovery.SETTINGS)
+        stack.start_hosts(1)
+        pipeline.warm_up(stack, sender, "warm3-")
+        trials = []
+        tick = self._counter("recovery: trials", self.plan.recovery_trials)
+        for i in range(self.plan.recovery_trials):
+            trials.append(recovery.trial(stack, sender, f"crash-{i:03d}"))
+            tick(i + 1)
+        rows = []
+        for t in trials:
+            rows.append([
+                t.order_id, t.killed - t.claimed, t.complete_by - t.killed,
+                (t.reset - t.complete_by) if t.reset else None,
+                (t.reclaimed - t.reset) if t.reclaimed and t.reset else None,
+                (t.processed - t.reclaimed) if t.processed and t.reclaimed else None,
+                t.from_kill, t.from_claim, t.effects,
+            ])
+        section.table(
+            "trials (seconds)",
+            ["order", "claim → kill", "kill → CompleteBy", "CompleteBy → reset (supervisor tick)",
+             "reset → claim 2 (backoff + queue poll)", "claim 2 → Processed", "kill → Processed",
+             "claim → Processed", "remote effects"],
+            rows,
+            note=f"Settings: STEP_TIMEOUT_SECONDS=5, SUPERVISOR_SCHEDULE='*/2 * * * * *', the default "
+            f"RETRY_BACKOFF_BASE_SECONDS=2 (first retry nudged 2 s after the reset) and host.json "
+            f"maxPollingInterval 2 s (an idle queue is polled at most every 2 s). Target: "
+            f"{recovery.STEP_TIMEOUT:g} + {recovery.SUPERVISOR_PERIOD:g} + 2 = {recovery.TARGET:g} s.",
+        )
+        from_kill = [t.from_kill for t in trials if t.from_kill is not None]
+        from_claim = [t.from_claim for t in trials if t.from_claim is not None]
+        worst_kill = max(from_kill) if len(from_kill) == len(trials) else None
+        worst_claim = max(from_claim) if len(from_claim) == len(trials) else None
+        section.figure("from_kill", "kill → Processed on the other host (worst trial)", worst_kill, "s",
+                       target=f"≤ {recovery.TARGET:g} s", met=(worst_kill <= recovery.TARGET) if worst_kill else None)
+        section.figure("from_claim", "claim → Processed (a kill at the worst moment; worst trial)", worst_claim, "s",
+                       target=f"≤ {recovery.TARGET:g} s", met=(worst_claim <= recovery.TARGET) if worst_claim else None)
+        section.figure("effects", "remote effects per recovered order", max((t.effects for t in trials), default=None),
+                       "", target="1", met=all(t.effects == 1 for t in trials) if trials else None)
+
+    def _idle(self, section: Section, stack: BenchStack, log: AzuriteLog) -> None:
+        seconds = self.plan.idle_seconds
+        self._status(f"idle: {seconds:g} s with no orders (1 host)")
+        start, sb_before, t0 = log.mark(), stack.sb_counts(), time.monotonic()
+        deadline = t0 + seconds
+        while time.monotonic() < deadline:  # a measurement window, nothing to wait for
+            time.sleep(min(1.0, deadline - time.monotonic()))
+        end, sb_after, t1 = log.mark(), stack.sb_counts(), time.monotonic()
+        minutes = (t1 - t0) / 60
+        operations = log.since(start, end)
+        self.results["idle"] = (operations, t1 - t0)
+        sb = pipeline._delta(sb_after, sb_before)
+        rows = [[FRIENDLY.get(op, op), n / minutes] for op, n in sorted(operations.by_operation.items())]
+        rows += [[f"Service Bus {kind}", n / minutes] for kind, n in sorted(sb.items())]
+        section.table(f"per minute, one host, no orders ({seconds:g} s window)", ["operation", "per minute"], rows)
+        storage = operations.service_total("table") + operations.service_total("queue")
+        section.figure("storage_per_min", "storage operations per minute", storage / minutes, "/min",
+                       note=f"table {operations.service_total('table') / minutes:.1f}, "
+                       f"queue {operations.service_total('queue') / minutes:.1f}")
+        receive_calls = sb.get("frame.flow", 0)
+        section.figure("servicebus_receive_calls_per_min", "Service Bus receive calls (AMQP flow frames) per minute",
+                       receive_calls / minutes, "/min")
+        section.figure("servicebus_frames_per_min", "Service Bus AMQP frames per minute (all kinds)",
+                       sum(n for k, n in sb.items() if k.startswith("frame.")) / minutes, "/min")
+        section.intro = (
+            "What one host costs with nothing to do: the supervisor's timer (default every 15 s: one index "
+            "query each), the storage-queue poller (backs off to host.json maxPollingInterval, 2 s) and the "
+            "Service Bus receivers (one receive call per trigger, waiting up to 0.5 s each in the local host; "
+            "the Functions host's own receivers hold a long-lived link instead). Counted at the servers."
+        )
+
+    def _ops(self, section: Section, stack: BenchStack, sender: OrderSender, log: AzuriteLog) -> None:
+        count = self.plan.ops_orders
+        # The background rate, to subtract: from the idle phase, or a short idle window now.
+        if "idle" in self.results:
+            idle, idle_seconds = self.results["idle"]
+        else:
+            self._status("ops: 10 s idle window for the background rate")
+            start, t0 = log.mark(), time.monotonic()
+            while time.monotonic() < t0 + 10:  # a measurement window, nothing to wait for
+                time.sleep(0.5)
+            idle, idle_seconds = log.since(start, log.mark()), time.monotonic() - t0
+        idle_end = log.mark()
+        tick = self._counter(f"ops: {count} orders counted at the servers (1 host)", count)
+        sb_before = stack.sb_counts()
+        effects_before = stack.remote.effects()["total"]
+        t1 = time.monotonic()
+        sender.send([f"ops-{i:05d}" for i in range(count)])
+        table = stack.table()
+        if not pipeline.wait_done(stack, table, "ops-", count, effects_before, timeout=self.plan.pipeline_timeout,
+                                  progress=tick):
+            raise pipeline.Timeout(f"the {count} orders were not all processed")
+        expected = f"settle.accepted {names.AGENT_RESPONSES_QUEUE}"
+        deadline = time.monotonic() + 10
+        while pipeline._delta(stack.sb_counts(), sb_before).get(expected, 0) < count and time.monotonic() < deadline:
+            time.sleep(0.1)
+        end, t2 = log.mark(), time.monotonic()
+        sb = pipeline._delta(stack.sb_counts(), sb_before)
+        operations = log.since(idle_end, end)
+        idle_rate = {op: n / max(idle_seconds, 1e-9) for op, n in idle.by_operation.items()}
+        rows = []
+        net_total: Counter[str] = Counter()
+        for op, n in sorted(operations.by_operation.items(), key=lambda item: (service_of(item[0]), item[0])):
+            background = idle_rate.get(op, 0.0) * (t2 - t1)
+            net = max(0.0, n - background) / count
+            net_total[service_of(op)] += net
+            rows.append([FRIENDLY.get(op, op), service_of(op), n, background, net])
+        section.table(
+            f"storage operations counted by Azurite during {count} orders",
+            ["operation", "service", "during the run", "idle background (same time)", "per order"], rows,
+            note="Background is the idle rate measured just before, over the run's duration; 'per order' is "
+            "(during − background) / orders.",
+        )
+        failed = operations.failed()
+        if failed:
+            section.table("storage requests answered with an error status", ["operation status", "count"],
+                          [[k, v] for k, v in sorted(failed.items())])
+        table_per_order = net_total["table"]
+        # One decimal: the background subtraction is an estimate (the supervisor's sweeps are few).
+        section.figure("table_per_order", "table operations per order", table_per_order, "",
+                       target="≤ 5", met=round(table_per_order, 1) <= 5)
+        section.figure("queue_per_order", "storage-queue operations per order", net_total["queue"], "")
+        queues = (names.ORDERS_QUEUE, names.AGENT_REQUESTS_QUEUE, names.AGENT_RESPONSES_QUEUE)
+        sb_rows = []
+        sb_total = 0
+        for queue in queues:
+            sends = sb.get(f"enqueue {queue}", 0)
+            deliveries = sb.get(f"deliver {queue}", 0)
+            completes = sb.get(f"settle.accepted {queue}", 0)
+            released = sb.get(f"settle.released {queue}", 0)
+            renewals = sum(v for k, v in sb.items() if k.startswith("management.renew") and k.endswith(f" {queue}"))
+            sb_total += sends + deliveries + completes
+            sb_rows.append([queue, sends / count, deliveries / count, completes / count, released / count,
+                            renewals / count])
+        section.table(
+            "Service Bus operations per order, counted by the emulator",
+            ["queue", "messages sent", "deliveries", "completes", "deliveries released unread", "lock renewals"],
+            sb_rows,
+            note="Messages are counted one by one (the submitter sends orders in batches of up to 100). "
+            "A released delivery is a message the SDK's receive call got after its wait ended and handed "
+            "back; it is delivered again (not a failure, but broker work).",
+        )
+        section.figure("servicebus_per_order", "Service Bus operations per order (sends + deliveries + completes)",
+                       sb_total / count, "")
+        section.figure("servicebus_frames_per_order", "Service Bus AMQP frames from clients per order",
+                       sum(n for k, n in sb.items() if k.startswith("frame.")) / count, "")
+        section.intro = (
+            f"{count} orders with no faults through one host, counted at the servers: Azurite's debug log "
+            "(one line per request; a transaction is one request, as it is one billed transaction in Azure) "
+            "and counters wrapped around the Service Bus emulator (benchmarks/sbcount.py)."
+        )
+
+    def _experiments(self, section: Section, stack: BenchStack, sender: OrderSender) -> None:
+        plan = self.plan
+        count = int(plan.latency_rate * plan.latency_seconds)
+        tick = self._counter("experiment: latency with the Service Bus batch-fill wait off", count)
+        result = pipeline.steady(stack, sender, "latx-", rate=plan.latency_rate, seconds=plan.latency_seconds,
+                                 timeout=120, progress=tick)
+        self._latency_figures(section, result, targets=False, key="no_batch_wait.", label="no batch wait: ")
+        tick = self._counter("experiment: throughput with the batch-fill wait off", plan.pipeline_orders)
+        result = pipeline.throughput(stack, sender, "runx-", plan.pipeline_orders, timeout=plan.pipeline_timeout,
+                                     progress=tick)
+        section.figure("no_batch_wait_throughput", "no batch wait: throughput, 1 host", result.per_second, "orders/s")
+        section.intro = (
+            "The same measurements with the local host patched (benchmarks/whatif_host.py), to size a fix "
+            "before anyone makes it. `receive_messages(max_message_count=16)` in the Service Bus SDK keeps "
+            "pulling for 200 ms after the first message arrives, to fill the batch; the local host asks "
+            "for up to maxConcurrentCalls messages per receive, so at a light load every Service Bus hop "
+            "(orders, agent-requests, agent-responses) waits ~200 ms. Here that wait is 0."
+        )
+

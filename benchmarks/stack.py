@@ -1,0 +1,181 @@
+"""The local stack as the benchmarks run it: :class:`devtools.localstack.LocalStack`, with
+
+- Azurite optionally writing its debug log (to count storage operations at the server),
+- the Service Bus emulator wrapped with operation counters (:mod:`benchmarks.sbcount`),
+- helpers to send orders and to read the state table and the counters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from azure.data.tables import TableClient
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+from core import clients, names
+from core.settings import Settings
+from devtools import azurite as azurite_launcher
+from devtools import fake_remote
+from devtools.localstack import _READY, ROOT, LocalStack, StackError, _signal, _wait
+
+#: Extra Service Bus queues the ceiling measurement uses (shaped like agent-responses).
+BENCH_QUEUES = ("bench-serial", "bench-parallel", "bench-study")
+
+
+@dataclass
+class BenchStack(LocalStack):
+    #: Where Azurite writes its debug log (None: no debug log, Azurite at full speed).
+    azurite_debug_log: Path | None = None
+    #: Start the fake remote service (the ceiling and sweep phases need none).
+    with_remote: bool = True
+    #: The host command's module; experiments use ``benchmarks.whatif_host``.
+    host_module: str = "devtools.funchost"
+
+    def start(self, hosts: int = 1) -> "BenchStack":
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._stats_lock = threading.Lock()
+        try:
+            self.azurite = azurite_launcher.start(self.storage_ports, debug_log=self.azurite_debug_log)
+            self._start_emulator()
+            if self.with_remote:
+                self.remote = fake_remote.start(
+                    port=self.remote_port, rates=self.remote_rates or None, seed=self.remote_seed,
+                    slow_seconds=self.remote_slow_seconds,
+                )
+            if hosts:
+                self.start_hosts(hosts)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_emulator(self) -> None:
+        log = open(self.log_dir / "servicebus-emulator.log", "wb")
+        args = [sys.executable, "-m", "benchmarks.sbcount", "--port", str(self.servicebus_port)]
+        for queue in BENCH_QUEUES:
+            args += ["--extra-queue", queue]
+        self.emulator = subprocess.Popen(
+            args, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE, start_new_session=True, text=True,
+        )
+        line = self.emulator.stdout.readline().strip()
+        if not line.startswith("Endpoint="):
+            raise StackError(f"the Service Bus emulator did not start (see {log.name})")
+        self.servicebus_connection_string = line
+
+    def start_hosts(self, count: int, timeout: float = 60.0) -> None:
+        """As :meth:`LocalStack.start_hosts`, running :attr:`host_module`."""
+        started = []
+        for _ in range(count):
+            path = self.log_dir / f"host-{len(self.hosts) + 1}.log"
+            env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+            env.pop("WEBSITE_INSTANCE_ID", None)
+            with open(path, "wb") as log:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", self.host_module, "--app-dir", str(ROOT)],
+                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            self.hosts.append(process)
+            self.host_logs.append(path)
+            started.append((process, path))
+        deadline = time.monotonic() + timeout
+        for process, path in started:
+            while True:
+                match = _READY.search(path.read_text(errors="replace"))
+                if match:
+                    if int(match[2]):
+                        raise StackError(f"a host has functions in error; see {path}")
+                    break
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise StackError(f"a host did not start; see {path}")
+                time.sleep(0.1)
+
+    def stop_hosts(self, timeout: float = 30.0) -> None:
+        """Stop every host (SIGTERM, then SIGKILL at the deadline)."""
+        for process in self.hosts:
+            _signal(process, signal.SIGTERM)
+        for process in self.hosts:
+            _wait(process, timeout)
+
+    def kill_host(self, process: subprocess.Popen) -> None:
+        """SIGKILL a host process (a crash: nothing finishes, nothing is settled)."""
+        _signal(process, signal.SIGKILL)
+        process.wait(10)
+
+    # -- what the benchmarks read ------------------------------------------------------------
+
+    @property
+    def pids(self) -> dict[str, int | None]:
+        pids: dict[str, int | None] = {
+            "azurite": self.azurite.process.pid if self.azurite else None,
+            "servicebus": self.emulator.pid if self.emulator else None,
+        }
+        for index, host in enumerate(self.hosts, 1):
+            if host.poll() is None:
+                pids[f"host-{index}"] = host.pid
+        return pids
+
+    def sb_counts(self) -> dict[str, int]:
+        """The Service Bus emulator's operation counters so far."""
+        with self._stats_lock:
+            self.emulator.stdin.write("stats\n")
+            self.emulator.stdin.flush()
+            answer = json.loads(self.emulator.stdout.readline())
+        return answer["counts"]
+
+    def settings_object(self, **extra: str) -> Settings:
+        """The app's Settings for this stack (to build clients exactly as the app does)."""
+        values = {**self.env, **extra} if self.remote else {
+            names.STORAGE_CONNECTION: self.azurite.connection_string,
+            names.SERVICEBUS_CONNECTION: self.servicebus_connection_string,
+            "REMOTE_SERVICE_URL": "http://127.0.0.1:9",
+            **extra,
+        }
+        return Settings(**values)
+
+    def table(self, name: str = names.ORDERS_TABLE) -> TableClient:
+        return clients.table_service(self.settings_object()).get_table_client(name)
+
+    def alive_hosts(self) -> list[subprocess.Popen]:
+        return [host for host in self.hosts if host.poll() is None]
+
+
+def order_body(order_id: str, i: int) -> bytes:
+    from devtools.demo import order_body as demo_body
+
+    return demo_body(order_id, i)
+
+
+class OrderSender:
+    """Sends orders like any client: one ServiceBusClient and sender, reused."""
+
+    def __init__(self, connection_string: str) -> None:
+        self.client = ServiceBusClient.from_connection_string(connection_string)
+        self.sender = self.client.get_queue_sender(names.ORDERS_QUEUE)
+
+    def send(self, order_ids: list[str], start_index: int = 0) -> dict[str, float]:
+        """Send the orders (in batches of up to 100); returns each order's send time (epoch s)."""
+        sent: dict[str, float] = {}
+        for first in range(0, len(order_ids), 100):
+            chunk = order_ids[first : first + 100]
+            batch = [
+                ServiceBusMessage(order_body(order_id, start_index + first + n), message_id=order_id,
+                                  content_type="application/json")
+                for n, order_id in enumerate(chunk)
+            ]
+            at = time.time()
+            self.sender.send_messages(batch)
+            sent.update({order_id: at for order_id in chunk})
+        return sent
+
+    def close(self) -> None:
+        self.sender.close()
+        self.client.close()

@@ -1,0 +1,182 @@
+"""The supervisor's sweep as the history grows: 100 in-flight orders beside 0, 10,000 and
+(optionally) 100,000 finished ones, next to the naive full-table filter on the same data.
+
+The in-flight orders are Processing, indexed an hour ago and due in an hour: every
+sweep reads all of them (they are old enough to have expired) and acts on none, so
+the figure is the sweep's read cost. The finished orders are what the app leaves
+behind: an order row and a Processed state row per order, no index row.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from azure.data.tables import TableClient
+
+from benchmarks.stack import order_body
+from core import clients, lifecycle, names
+from core.messaging import Nudger, Publisher
+from core.models import OrderRequest, ProcessState, utcnow
+from core.store import ORDER_ROW, StateStore, state_to_entity
+from supervisor.supervision import policy_from, sweep
+
+IN_FLIGHT = 100
+#: Finished orders written per task of the writer processes.
+CHUNK = 500
+#: The supervisor skips index rows younger than min(step timeout, pending timeout).
+YOUNGEST = timedelta(seconds=30)
+NAIVE_FILTER = "RowKey eq @rk and ProcessState eq @state and CompleteBy lt @now"
+
+
+@dataclass
+class SweepPoint:
+    history: int
+    sweep_ms: float
+    supervisor_ms: float
+    index_query_ms: float
+    naive_ms: float
+    table_ops: dict[str, int]
+    found_naive: int
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def rows_examined_sweep(self) -> int:
+        """Rows Azure Table Storage reads for one sweep: the index rows, then one point read each."""
+        return IN_FLIGHT + IN_FLIGHT
+
+    @property
+    def rows_examined_naive(self) -> int:
+        """Rows Azure Table Storage reads for the naive filter: every row of the table
+        (a filter on RowKey and properties without a PartitionKey is a table scan)."""
+        return 2 * (self.history + IN_FLIGHT) + IN_FLIGHT
+
+
+class SweepBench:
+    def __init__(self, stack, *, table: str = "benchsweep") -> None:
+        settings = stack.settings_object(ORDERS_TABLE=table)
+        self.settings = settings
+        self.connection_string = stack.azurite.connection_string
+        self.table_name = table
+        tables = clients.table_service(settings)
+        tables.create_table_if_not_exists(table)
+        self.table: TableClient = tables.get_table_client(table)
+        self.store = StateStore(self.table)
+        self.publisher = Publisher(clients.servicebus_client(settings))
+        self.nudger = Nudger(clients.queue_client(settings, names.SCHEDULER_QUEUE))
+        self.history = 0
+
+    def close(self) -> None:
+        self.publisher.close()
+
+    # -- data -------------------------------------------------------------------------------
+
+    def add_in_flight(self) -> None:
+        """100 orders, Processing, indexed an hour ago and due in an hour (written by the app's store)."""
+        long_ago = utcnow() - timedelta(hours=1)
+
+        def one(i: int) -> None:
+            order = OrderRequest.model_validate_json(order_body(f"inflight-{i:04d}", i))
+            created = self.store.create_order(order, reply_to=None, now=long_ago, pending_timeout=timedelta(seconds=30))
+            assert self.store.claim(order.order_id, "bench", long_ago, timedelta(hours=2), hint=created.state)
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(one, range(IN_FLIGHT)))
+
+    def add_history(self, count: int, *, processes: int = 2, threads: int = 4, progress=None) -> float:
+        """``count`` more finished orders, one transaction (order + state rows) each, from
+        ``processes`` x ``threads`` writers; returns the seconds it took. ``progress`` is
+        called with the number written so far."""
+        from multiprocessing import get_context
+
+        started = time.monotonic()
+        chunks = [(lo, min(lo + CHUNK, self.history + count)) for lo in range(self.history, self.history + count, CHUNK)]
+        written = 0
+        with get_context("spawn").Pool(processes) as pool:
+            jobs = [(self.connection_string, self.table_name, lo, hi, threads) for lo, hi in chunks]
+            for n in pool.imap_unordered(_write_history, jobs):
+                written += n
+                if progress is not None:
+                    progress(written)
+        self.history += count
+        return time.monotonic() - started
+
+    # -- measurement ------------------------------------------------------------------------
+
+    def measure(self, repeats: int) -> SweepPoint:
+        policy = policy_from(self.settings)
+        samples: dict[str, list[float]] = {"sweep": [], "supervisor": [], "index": [], "naive": []}
+        ops: dict[str, int] = {}
+        found = 0
+        for _ in range(repeats):
+            now = utcnow()
+            before = dict(self.store.ops)
+            started = time.perf_counter()
+            states = list(self.store.sweep(now, younger_than_cannot_expire=YOUNGEST))
+            samples["sweep"].append((time.perf_counter() - started) * 1000)
+            ops = {k: v - before.get(k, 0) for k, v in self.store.ops.items() if v - before.get(k, 0)}
+            assert not states, "no in-flight order should be due"
+
+            started = time.perf_counter()
+            done = sweep(
+                store=self.store, publisher=self.publisher, nudger=self.nudger, policy=policy, now=utcnow(),
+                alerts_queue=self.settings.alerts_queue,
+            )
+            samples["supervisor"].append((time.perf_counter() - started) * 1000)
+            assert not done, f"the supervisor acted: {dict(done)}"
+
+            started = time.perf_counter()
+            self.store.active_ids(indexed_before=now - YOUNGEST)
+            samples["index"].append((time.perf_counter() - started) * 1000)
+
+            started = time.perf_counter()
+            rows = list(
+                self.table.query_entities(
+                    NAIVE_FILTER, parameters={"rk": "state", "state": ProcessState.PROCESSING.value, "now": now}
+                )
+            )
+            samples["naive"].append((time.perf_counter() - started) * 1000)
+            found = len(rows)
+        return SweepPoint(
+            history=self.history,
+            sweep_ms=statistics.median(samples["sweep"]),
+            supervisor_ms=statistics.median(samples["supervisor"]),
+            index_query_ms=statistics.median(samples["index"]),
+            naive_ms=statistics.median(samples["naive"]),
+            table_ops=ops,
+            found_naive=found,
+            samples=samples,
+        )
+
+
+def _write_history(job: tuple[str, str, int, int, int]) -> int:
+    """In a worker process: finished orders ``first``..``end-1``, one transaction each."""
+    connection_string, table, first, end, threads = job
+    from azure.data.tables import TableServiceClient
+
+    from core.clients import transport
+
+    client = TableServiceClient.from_connection_string(connection_string, transport=transport()).get_table_client(table)
+    now = utcnow()
+    order = OrderRequest.model_validate_json(order_body("done-0000000", 1))
+    state = lifecycle.new_order(order.order_id, now, timedelta(seconds=30), None).model_copy(
+        update={"process_state": ProcessState.PROCESSED, "attempt": 1}
+    )
+    state_row = state_to_entity(state)
+    document = order.document()
+
+    def one(i: int) -> None:
+        pk = f"done-{i:07d}"
+        client.submit_transaction(
+            [
+                ("create", {"PartitionKey": pk, "RowKey": ORDER_ROW, "Document": document}),
+                ("create", {**state_row, "PartitionKey": pk, "OrderId": pk}),
+            ]
+        )
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, range(first, end)))
+    return end - first
