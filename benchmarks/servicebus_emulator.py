@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import azure.servicebus
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiver, ServiceBusSender
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,12 +113,19 @@ def measure(emulator: Emulator, client: ServiceBusClient, queue: str, mode: str,
     return Result(mode, messages, wall, client_cpu, emulator_cpu)
 
 
+HEADER = " ".join(
+    [f"{'mode':<8}", f"{'messages':>8}", f"{'msg/s':>8}", f"{'wall s':>7}", f"{'client CPU s':>13}"]
+    + [f"{'emulator CPU s':>15}", f"{'ratio':>6}"]
+)
+
+
 def report(results: list[Result]) -> list[str]:
+    machine = f"{os.cpu_count()} cores, Python {platform.python_version()}"
     lines = [
-        f"Service Bus emulator, azure-servicebus sync client, {os.cpu_count()} cores, Python {platform.python_version()}",
+        f"Service Bus emulator, azure-servicebus {azure.servicebus.__version__} sync client, {machine}",
         "send + receive (peek-lock) + complete, one client thread, emulator in its own process",
         "",
-        f"{'mode':<8} {'messages':>8} {'msg/s':>8} {'wall s':>7} {'client CPU s':>13} {'emulator CPU s':>15} {'ratio':>6}",
+        HEADER,
     ]
     for r in results:
         lines.append(
@@ -138,7 +146,9 @@ def missed_targets(results: list[Result]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.servicebus_emulator", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.servicebus_emulator", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--batched-messages", type=int, default=5000, help="messages in the batched run")
     parser.add_argument("--single-messages", type=int, default=1000, help="messages in the single run")
     parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")

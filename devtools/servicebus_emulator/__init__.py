@@ -22,10 +22,10 @@ from .codec import SUPPORTED_SDK_VERSION, check_sdk_version
 from .server import EmulatorError, EmulatorServer, ServiceBusEmulator, connection_string, start
 
 __all__ = [
+    "SUPPORTED_SDK_VERSION",
     "EmulatorError",
     "EmulatorServer",
     "QueueSettings",
-    "SUPPORTED_SDK_VERSION",
     "ServiceBusEmulator",
     "check_sdk_version",
     "connection_string",

@@ -317,16 +317,14 @@ class Timeline:
                 if message.state is MessageState.SCHEDULED:
                     self.queue.activate(message)
             elif kind == "expire":
-                if not message.locked and message.state is MessageState.ACTIVE and message.expires_at is not None:
-                    if message.expires_at <= now:
-                        self.queue.expire(message)
+                due = message.expires_at is not None and message.expires_at <= now
+                if due and not message.locked and message.state is MessageState.ACTIVE:
+                    self.queue.expire(message)
         self._arm()
 
     def _compact(self) -> None:
         """Drop entries of messages that are gone (a long run must not keep every message's deadline)."""
-        self._heap = [
-            entry for entry in self._heap if entry[3].messages.get(entry[4].sequence_number) is entry[4]
-        ]
+        self._heap = [entry for entry in self._heap if entry[3].messages.get(entry[4].sequence_number) is entry[4]]
         heapq.heapify(self._heap)
         self._compact_at = 2 * len(self._heap) + 1024
 
@@ -432,9 +430,7 @@ class Queue:
 
     def expire(self, message: StoredMessage) -> None:
         if self.settings.dead_letter_on_expiry:
-            self.move_to_dead_letter(
-                self.active, message, TTL_EXPIRED, "The message expired and was dead lettered."
-            )
+            self.move_to_dead_letter(self.active, message, TTL_EXPIRED, "The message expired and was dead lettered.")
         else:
             log.debug("message #%d expired on %s", message.sequence_number, self.settings.name)
             self.active.remove(message)

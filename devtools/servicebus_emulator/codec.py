@@ -316,8 +316,14 @@ def transfer_overhead() -> int:
     """An upper bound on a transfer frame's size without its payload (16-byte tags, 32-bit ids)."""
     return len(
         transfer_frame(
-            0, 0xFFFFFFFF, b"", delivery_id=0xFFFFFFFF, delivery_tag=bytes(32), message_format=0xFFFFFFFF,
-            settled=True, more=True,
+            0,
+            0xFFFFFFFF,
+            b"",
+            delivery_id=0xFFFFFFFF,
+            delivery_tag=bytes(32),
+            message_format=0xFFFFFFFF,
+            settled=True,
+            more=True,
         )
     )
 

@@ -52,8 +52,17 @@ NOT_ALLOWED = "amqp:not-allowed"
 INTERNAL_ERROR = "amqp:internal-error"
 
 _HEADER = struct.Struct(">IBBH")
-_NAMES = {codec.OPEN: "open", codec.BEGIN: "begin", codec.ATTACH: "attach", codec.FLOW: "flow", codec.TRANSFER: "transfer",
-          codec.DISPOSITION: "disposition", codec.DETACH: "detach", codec.END: "end", codec.CLOSE: "close"}
+_NAMES = {
+    codec.OPEN: "open",
+    codec.BEGIN: "begin",
+    codec.ATTACH: "attach",
+    codec.FLOW: "flow",
+    codec.TRANSFER: "transfer",
+    codec.DISPOSITION: "disposition",
+    codec.DETACH: "detach",
+    codec.END: "end",
+    codec.CLOSE: "close",
+}
 
 
 class Connection(asyncio.Protocol):
@@ -220,7 +229,9 @@ class Connection(asyncio.Protocol):
             return  # empty frame: a heartbeat
         code, fields = codec.decode_performative(memoryview(body))
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("<- %s ch%d %s", _NAMES.get(code, hex(code)), channel, fields[:-1] if code == codec.TRANSFER else fields)
+            log.debug(
+                "<- %s ch%d %s", _NAMES.get(code, hex(code)), channel, fields[:-1] if code == codec.TRANSFER else fields
+            )
         if code == codec.OPEN:
             self._on_open(fields)
         elif not self._opened:

@@ -168,9 +168,7 @@ class ManagementNode:
                     404, MESSAGE_NOT_FOUND, f"No deferred message with sequence number {number}."
                 ) from None
             entry: dict[str, Any] = {
-                "message": _delivered(
-                    stored, stored.locked_until if token else None, int(MessageState.DEFERRED)
-                )
+                "message": _delivered(stored, stored.locked_until if token else None, int(MessageState.DEFERRED))
             }
             if token is not None:
                 entry["lock-token"] = uuid.UUID(bytes_le=token)

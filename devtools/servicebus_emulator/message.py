@@ -135,8 +135,8 @@ def encode(
     dead_letter: tuple[str | None, str | None] | None = None,
 ) -> bytes:
     """The message as delivered: the client's bare message with the broker's header and annotations."""
-    broker = X_OPT_SEQUENCE_NUMBER + codec.enc_long(sequence_number) + X_OPT_ENQUEUED_TIME + codec.enc_timestamp(
-        enqueued_ms
+    broker = (
+        X_OPT_SEQUENCE_NUMBER + codec.enc_long(sequence_number) + X_OPT_ENQUEUED_TIME + codec.enc_timestamp(enqueued_ms)
     )
     count = 2
     if locked_until_ms is not None:
@@ -148,7 +148,8 @@ def encode(
     parts = [
         _header(content, delivery_count),
         codec.enc_described(
-            codec.MESSAGE_ANNOTATIONS, codec.enc_map(content.annotation_pairs + broker, content.annotation_count + count)
+            codec.MESSAGE_ANNOTATIONS,
+            codec.enc_map(content.annotation_pairs + broker, content.annotation_count + count),
         ),
         content.properties,
     ]
@@ -162,6 +163,8 @@ def encode(
             application_pairs += _DEAD_LETTER_DESCRIPTION + codec.enc_string(description)
             application_count += 1
     if application_count:
-        parts.append(codec.enc_described(codec.APPLICATION_PROPERTIES, codec.enc_map(application_pairs, application_count)))
+        parts.append(
+            codec.enc_described(codec.APPLICATION_PROPERTIES, codec.enc_map(application_pairs, application_count))
+        )
     parts.append(content.body)
     return b"".join(parts)

@@ -14,14 +14,11 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from . import codec
 from .broker import Broker, QueueSettings
 from .connection import Connection
-
-if TYPE_CHECKING:
-    from core.names import ServiceBusQueueSpec
 
 log = logging.getLogger("devtools.servicebus_emulator")
 
@@ -108,7 +105,9 @@ class EmulatorServer:
         except OSError as error:
             raise EmulatorError(f"cannot listen on {self.host}:{self.requested_port}: {error}") from error
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("Service Bus emulator listening on %s:%d (queues: %s)", self.host, self.port, ", ".join(self.broker.names()))
+        log.info(
+            "Service Bus emulator listening on %s:%d (queues: %s)", self.host, self.port, ", ".join(self.broker.names())
+        )
 
     @property
     def connection_string(self) -> str:
@@ -148,7 +147,7 @@ class ServiceBusEmulator:
         def run() -> None:
             try:
                 future.set_result(function())
-            except BaseException as error:  # handed to the caller's thread
+            except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
                 future.set_exception(error)
 
         self._loop.call_soon_threadsafe(run)
@@ -204,7 +203,7 @@ class ServiceBusEmulator:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout)
 
-    def __enter__(self) -> ServiceBusEmulator:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -232,7 +231,7 @@ def start(
         asyncio.set_event_loop(loop)
         try:
             loop.run_until_complete(server.start())
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - raised in the caller's thread by start()
             started.set_exception(error)
             loop.close()
             return

@@ -18,7 +18,8 @@ directions:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from azure.servicebus._pyamqp.endpoints import Source, Target
 from azure.servicebus._pyamqp.error import AMQPError
@@ -69,7 +70,13 @@ class Session:
     """One session of a connection."""
 
     def __init__(
-        self, connection: Connection, channel: int, remote_channel: int, *, next_incoming_id: int, remote_incoming_window: int
+        self,
+        connection: Connection,
+        channel: int,
+        remote_channel: int,
+        *,
+        next_incoming_id: int,
+        remote_incoming_window: int,
     ) -> None:
         self.connection = connection
         self.channel = channel
@@ -137,15 +144,21 @@ class Session:
             ids = [delivery_id for delivery_id in range(first, last + 1) if delivery_id in self.unsettled]
         else:
             ids = [delivery_id for delivery_id in self.unsettled if first <= delivery_id <= last]
+        if not ids and first == last and not settled:
+            # Not one of ours (any more): say so now rather than let the client wait for an echo.
+            self._echo(first, rejected(LOCK_LOST, "Unknown delivery, or its lock was lost."))
         for delivery_id in ids:
             link, token = self.unsettled.pop(delivery_id)
             echo = link.settle(token, state)
             if not settled and echo is not None:
-                self.send(
-                    codec.disposition_frame(
-                        self.channel, role=codec.ROLE_SENDER, first=delivery_id, last=None, settled=True, state=echo
-                    )
-                )
+                self._echo(delivery_id, echo)
+
+    def _echo(self, delivery_id: int, state: bytes) -> None:
+        self.send(
+            codec.disposition_frame(
+                self.channel, role=codec.ROLE_SENDER, first=delivery_id, last=None, settled=True, state=state
+            )
+        )
 
     def _on_attach(self, fields: list[Any]) -> None:
         name, handle, client_receives = _text(fields[0]) or "", fields[1], fields[2]
@@ -154,19 +167,10 @@ class Session:
         source, target = fields[5], fields[6]
         raw_address = (source[0] if source else None) if client_receives else (target[0] if target else None)
         where = addresses.parse(raw_address)
+        queue = self.connection.broker.get(where.queue) if where and where.kind is not addresses.Kind.CBS else None
+        error = _refusal(where, queue, client_receives, source)
         local_handle = next(number for number in range(len(self.links) + 1) if number not in self._local_handles())
         link: Link
-        error: tuple[str, str] | None = None
-        queue = self.connection.broker.get(where.queue) if where and where.kind is not addresses.Kind.CBS else None
-        if where is None:
-            error = (NOT_FOUND, f"no address on link {name!r}")
-        elif where.kind is not addresses.Kind.CBS and queue is None:
-            error = (NOT_FOUND, f"The messaging entity '{where.queue}' could not be found (the emulator has no such queue).")
-        elif client_receives and where.kind is addresses.Kind.QUEUE and source and len(source) > 7 and source[7]:
-            if SESSION_FILTER in source[7]:
-                error = (NOT_IMPLEMENTED, "The emulator does not support sessions (session receivers).")
-        elif not client_receives and where.kind is addresses.Kind.QUEUE and where.dead_letter:
-            error = (NOT_ALLOWED, "Cannot send to a dead-letter queue.")
         if error is not None or where is None:
             link = Link(self, name, handle, local_handle, fields)
         elif client_receives:
@@ -202,7 +206,9 @@ class Session:
             return
         link.teardown()
         if not link.detach_sent:
-            self.send(codec.encode_performative(self.channel, DetachFrame(handle=link.handle, closed=fields[1], error=None)))
+            self.send(
+                codec.encode_performative(self.channel, DetachFrame(handle=link.handle, closed=fields[1], error=None))
+            )
 
     # --- to the client -------------------------------------------------------------------------------
 
@@ -265,6 +271,23 @@ class Session:
         self.unsettled.clear()  # messages stay locked until their lock expires, as in Service Bus
 
 
+def _refusal(
+    where: addresses.Address | None, queue: Queue | None, client_receives: bool, source: list[Any] | None
+) -> tuple[str, str] | None:
+    """Why a link cannot be attached (AMQP condition, description), or None."""
+    if where is None:
+        return NOT_FOUND, "The link has no address."
+    if where.kind is not addresses.Kind.CBS and queue is None:
+        return NOT_FOUND, f"The messaging entity '{where.queue}' could not be found (the emulator has no such queue)."
+    if where.kind is addresses.Kind.QUEUE and client_receives:
+        filters = source[7] if source and len(source) > 7 else None
+        if isinstance(filters, dict) and SESSION_FILTER in filters:
+            return NOT_IMPLEMENTED, "The emulator does not support sessions (session receivers)."
+    if where.kind is addresses.Kind.QUEUE and not client_receives and where.dead_letter:
+        return NOT_ALLOWED, "Cannot send to a dead-letter queue."
+    return None
+
+
 class Link:
     """A link as attached by the client. Used as is for a link that is refused."""
 
@@ -311,7 +334,9 @@ class Link:
         self.detach_sent = True
         amqp_error = AMQPError(condition=error[0], description=error[1]) if error else None
         self.session.send(
-            codec.encode_performative(self.session.channel, DetachFrame(handle=self.handle, closed=True, error=amqp_error))
+            codec.encode_performative(
+                self.session.channel, DetachFrame(handle=self.handle, closed=True, error=amqp_error)
+            )
         )
         self.teardown()
 
@@ -395,7 +420,7 @@ class IncomingLink(Link):
         payload = fields[-1]
         if self._delivery is None:
             if fields[1] is None:
-                        raise ProtocolError("amqp:session:invalid-field", "first transfer of a delivery has no delivery id")
+                raise ProtocolError("amqp:session:invalid-field", "first transfer of a delivery has no delivery id")
             self._delivery = (fields[1], fields[3] or 0, bool(fields[4]))
             self._parts, self._size = [], 0
         if fields[9]:  # aborted
@@ -412,7 +437,8 @@ class IncomingLink(Link):
         self.credit -= 1
         if self._size > MAX_MESSAGE_SIZE:
             state = rejected(
-                MESSAGE_SIZE_EXCEEDED, f"The message of {self._size} bytes exceeds the limit of {MAX_MESSAGE_SIZE} bytes."
+                MESSAGE_SIZE_EXCEEDED,
+                f"The message of {self._size} bytes exceeds the limit of {MAX_MESSAGE_SIZE} bytes.",
             )
         else:
             state = self.target(b"".join(self._parts), message_format)
@@ -420,7 +446,12 @@ class IncomingLink(Link):
         if not settled:
             self.session.send(
                 codec.disposition_frame(
-                    self.session.channel, role=codec.ROLE_RECEIVER, first=delivery_id, last=None, settled=True, state=state
+                    self.session.channel,
+                    role=codec.ROLE_RECEIVER,
+                    first=delivery_id,
+                    last=None,
+                    settled=True,
+                    state=state,
                 )
             )
         if self.credit < SENDER_CREDIT // 2:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
@@ -62,7 +62,7 @@ def test_async_dead_letter_peek_renew_schedule_and_receive_and_delete(
                 assert await receiver.renew_message_lock(slow) >= before
                 await receiver.complete_message(slow)
 
-                at = datetime.now(timezone.utc) + timedelta(minutes=5)
+                at = datetime.now(UTC) + timedelta(minutes=5)
                 numbers = await sender.schedule_messages([ServiceBusMessage("s1"), ServiceBusMessage("s2")], at)
                 assert servicebus_emulator.message_counts(queue)["scheduled"] == 2
                 await sender.cancel_scheduled_messages(numbers)

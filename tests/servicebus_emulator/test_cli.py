@@ -25,7 +25,11 @@ class Command:
     def __init__(self, *args: str) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "devtools.servicebus_emulator", "--port", "0", *args],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
         )
         assert self.process.stdout is not None
         self.connection_string = self.process.stdout.readline().strip()
@@ -76,9 +80,9 @@ def test_the_command_declares_only_the_queues_it_is_given_and_stops_on_ctrl_c(co
     with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
         with client.get_queue_sender("second", keep_alive=None) as sender:
             sender.send_messages(ServiceBusMessage("ok"))
-        with pytest.raises(MessagingEntityNotFoundError):
-            with client.get_queue_sender("orders", keep_alive=None) as sender:
-                sender.send_messages(ServiceBusMessage("nowhere"))
+        nowhere = client.get_queue_sender("orders", keep_alive=None)
+        with pytest.raises(MessagingEntityNotFoundError), nowhere as sender:
+            sender.send_messages(ServiceBusMessage("nowhere"))
     returncode, stderr = emulator.stop(signal.SIGINT)
     assert returncode == 0, stderr
     assert "Traceback" not in stderr
@@ -87,8 +91,22 @@ def test_the_command_declares_only_the_queues_it_is_given_and_stops_on_ctrl_c(co
 def test_the_command_reports_a_port_in_use(servicebus_emulator):
     process = subprocess.run(
         [sys.executable, "-m", "devtools.servicebus_emulator", "--port", str(servicebus_emulator.port)],
-        cwd=ROOT, capture_output=True, text=True, timeout=30,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     assert process.returncode == 1
     assert process.stdout == ""
     assert f"cannot listen on 127.0.0.1:{servicebus_emulator.port}" in process.stderr
+
+
+def test_the_benchmark_runs_and_reports_both_modes(capsys):
+    from benchmarks import servicebus_emulator as benchmark
+
+    assert benchmark.main(["--batched-messages", "200", "--single-messages", "20"]) == 0
+    output = capsys.readouterr().out
+    assert re.search(r"^batched\s+200\s+\d+", output, re.MULTILINE), output
+    assert re.search(r"^single\s+20\s+\d+", output, re.MULTILINE), output
+    assert "targets: " in output

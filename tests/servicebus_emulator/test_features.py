@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import azure.servicebus
 import pytest
@@ -83,7 +83,7 @@ def test_receive_and_delete_removes_on_delivery(servicebus_emulator, client, que
 
 
 def test_every_message_property_round_trips(client, queue):
-    scheduled = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=2)
+    scheduled = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
     sent = ServiceBusMessage(
         b"\x00binary body\xff",
         message_id="id-1",
@@ -98,7 +98,7 @@ def test_every_message_property_round_trips(client, queue):
         time_to_live=timedelta(minutes=5),
         scheduled_enqueue_time_utc=scheduled,
     )
-    before = datetime.now(timezone.utc)
+    before = datetime.now(UTC)
     with sender_for(client, queue) as sender:
         sender.send_messages(sent)
     with client.get_queue_receiver(queue) as receiver:
@@ -118,7 +118,7 @@ def test_every_message_property_round_trips(client, queue):
     assert got.scheduled_enqueue_time_utc == scheduled
     assert got.enqueued_time_utc >= scheduled - timedelta(milliseconds=50)  # enqueued when it came due
     assert got.expires_at_utc == got.enqueued_time_utc + timedelta(minutes=5)
-    assert before - timedelta(seconds=1) < got.enqueued_time_utc < datetime.now(timezone.utc) + timedelta(seconds=1)
+    assert before - timedelta(seconds=1) < got.enqueued_time_utc < datetime.now(UTC) + timedelta(seconds=1)
 
 
 def test_broker_properties_sequence_number_enqueued_time_and_lock(make_queue, client):
@@ -127,7 +127,7 @@ def test_broker_properties_sequence_number_enqueued_time_and_lock(make_queue, cl
         sender.send_messages([ServiceBusMessage("1"), ServiceBusMessage("2")])
     with client.get_queue_receiver(queue) as receiver:
         first, second = receive_exactly(receiver, 2)
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         assert second.sequence_number == first.sequence_number + 1
         assert abs((first.locked_until_utc - now) - timedelta(seconds=30)) < timedelta(seconds=2)
         assert isinstance(first.lock_token, uuid.UUID) and first.lock_token != second.lock_token
@@ -191,7 +191,7 @@ def test_settling_with_a_lock_the_broker_no_longer_holds_is_lock_lost(make_queue
     with client.get_queue_receiver(queue) as receiver:
         (first,) = receive_exactly(receiver, 1)
         (second,) = receive_exactly(receiver, 1, timeout=5)
-        first._expiry = datetime.now(timezone.utc) + timedelta(minutes=1)  # pretend the client clock lags
+        first._expiry = datetime.now(UTC) + timedelta(minutes=1)  # pretend the client clock lags
         with pytest.raises(MessageLockLostError):
             receiver.complete_message(first)
         receiver.complete_message(second)
@@ -243,11 +243,11 @@ def test_expired_message_is_dead_lettered_where_the_queue_says_so(servicebus_emu
 
 def test_scheduled_enqueue_time(servicebus_emulator, client, queue):
     with sender_for(client, queue) as sender:
-        at = datetime.now(timezone.utc) + timedelta(seconds=1)
+        at = datetime.now(UTC) + timedelta(seconds=1)
         sender.send_messages(ServiceBusMessage("later", scheduled_enqueue_time_utc=at))
     assert servicebus_emulator.message_counts(queue) == {"active": 0, "dead_letter": 0, "scheduled": 1, "locked": 0}
     wait_until(lambda: servicebus_emulator.message_counts(queue)["active"] == 1, timeout=5, what="the schedule")
-    assert datetime.now(timezone.utc) >= at - timedelta(milliseconds=20)
+    assert datetime.now(UTC) >= at - timedelta(milliseconds=20)
     with client.get_queue_receiver(queue) as receiver:
         (message,) = receive_exactly(receiver, 1)
         assert str(message) == "later"
@@ -256,7 +256,7 @@ def test_scheduled_enqueue_time(servicebus_emulator, client, queue):
 
 def test_schedule_messages_and_cancel_scheduled_messages(servicebus_emulator, client, queue):
     with sender_for(client, queue) as sender, client.get_queue_receiver(queue) as receiver:
-        at = datetime.now(timezone.utc) + timedelta(seconds=1)
+        at = datetime.now(UTC) + timedelta(seconds=1)
         keep, cancel = sender.schedule_messages([ServiceBusMessage("keep"), ServiceBusMessage("cancel")], at)
         assert cancel > keep
         assert servicebus_emulator.message_counts(queue)["scheduled"] == 2
@@ -332,7 +332,7 @@ def test_defer_and_receive_deferred_messages(servicebus_emulator, client, queue)
         assert peeked.state == ServiceBusMessageState.DEFERRED
         (again,) = receiver.receive_deferred_messages([first.sequence_number])
         assert str(again) == "deferred"
-        assert again.locked_until_utc > datetime.now(timezone.utc)
+        assert again.locked_until_utc > datetime.now(UTC)
         receiver.complete_message(again)  # settled through $management
     assert servicebus_emulator.message_counts(queue) == {"active": 0, "dead_letter": 0, "scheduled": 0, "locked": 0}
 
@@ -371,19 +371,17 @@ def test_released_messages_come_back_without_counting_a_delivery(servicebus_emul
 
 
 def test_session_receivers_are_refused_clearly(client, queue):
-    with pytest.raises(ServiceBusError, match="does not support sessions"):
-        with client.get_queue_receiver(queue, session_id="s1") as receiver:
-            receiver.receive_messages(max_wait_time=1)
+    receiver = client.get_queue_receiver(queue, session_id="s1")
+    with pytest.raises(ServiceBusError, match="does not support sessions"), receiver:
+        receiver.receive_messages(max_wait_time=1)
 
 
 def test_unknown_queue_is_entity_not_found(client, unique_name):
     missing = unique_name("missing")
-    with pytest.raises(MessagingEntityNotFoundError):
-        with sender_for(client, missing) as sender:
-            sender.send_messages(ServiceBusMessage("lost"))
-    with pytest.raises(MessagingEntityNotFoundError):
-        with client.get_queue_receiver(missing) as receiver:
-            receiver.receive_messages(max_wait_time=1)
+    with pytest.raises(MessagingEntityNotFoundError), sender_for(client, missing) as sender:
+        sender.send_messages(ServiceBusMessage("lost"))
+    with pytest.raises(MessagingEntityNotFoundError), client.get_queue_receiver(missing) as receiver:
+        receiver.receive_messages(max_wait_time=1)
 
 
 def test_queue_names_are_case_insensitive(client, make_queue):

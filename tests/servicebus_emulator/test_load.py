@@ -48,7 +48,7 @@ def test_four_competing_receivers_get_each_of_2000_messages_exactly_once(
                         received[index].append(str(message))
                     if sum(len(r) for r in received) >= total:
                         done.set()
-        except BaseException as error:  # reported by the main thread
+        except BaseException as error:  # noqa: BLE001 - reported by the main thread
             errors.append(error)
             done.set()
 
@@ -110,7 +110,10 @@ def test_a_client_that_dies_mid_lock_gets_its_messages_redelivered_after_the_loc
         sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(3)])
     child = subprocess.Popen(
         [sys.executable, "-c", _DYING_RECEIVER, servicebus_emulator.connection_string, queue],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         assert child.stdout is not None

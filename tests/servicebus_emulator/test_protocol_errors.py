@@ -52,8 +52,15 @@ def _open(sock: socket.socket) -> None:
     sock.sendall(codec.AMQP_HEADER)
     assert _read_exactly(sock, 8) == codec.AMQP_HEADER
     open_frame = OpenFrame(
-        container_id="raw-test", hostname=None, max_frame_size=65536, channel_max=1, idle_timeout=None,
-        outgoing_locales=None, incoming_locales=None, offered_capabilities=None, desired_capabilities=None,
+        container_id="raw-test",
+        hostname=None,
+        max_frame_size=65536,
+        channel_max=1,
+        idle_timeout=None,
+        outgoing_locales=None,
+        incoming_locales=None,
+        offered_capabilities=None,
+        desired_capabilities=None,
         properties=None,
     )
     sock.sendall(codec.encode_performative(0, open_frame))
@@ -86,10 +93,12 @@ def test_a_tls_client_fails_its_handshake_quickly(servicebus_emulator):
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
-    with socket.create_connection(("127.0.0.1", servicebus_emulator.port), timeout=5) as sock:
-        with pytest.raises((ssl.SSLError, ConnectionError)):
-            with context.wrap_socket(sock, server_hostname="127.0.0.1"):
-                pass
+    with (
+        socket.create_connection(("127.0.0.1", servicebus_emulator.port), timeout=5) as sock,
+        pytest.raises((ssl.SSLError, ConnectionError)),
+        context.wrap_socket(sock, server_hostname="127.0.0.1"),
+    ):
+        pass
 
 
 def test_an_undecodable_frame_closes_the_connection_with_a_decode_error(raw):
