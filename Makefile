@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test run bench setup clean
+.PHONY: demo test run soak bench setup clean
 
 setup: $(VENV)/.installed node_modules/.installed local.settings.json
 
