@@ -159,7 +159,9 @@ class QueueTriggerListener(Listener):
         pending = set(self._futures)
         if pending:
             log.info("%s: waiting for %d in-flight message(s)", self.name, len(pending))
-        wait(pending, timeout=self.remaining())
+        # In short steps: a second Ctrl-C moves the deadline to now (Host.hurry).
+        while pending and self.remaining() > 0:
+            pending = wait(pending, timeout=min(0.2, self.remaining())).not_done
         with self._leases_lock:
             unfinished = [lease for lease in self._leases.values() if not lease.settled]
         for lease in unfinished:

@@ -88,3 +88,23 @@ def test_past_the_drain_deadline_in_flight_messages_are_abandoned(
     log = host.log_text()
     assert "sb_record: abandoning message slow unfinished at shutdown" in log
     assert "queue_record: released message" in log
+
+
+def test_ctrl_c_stops_and_a_second_one_cuts_the_drain_short(funchost, storage_connection_string, unique_name, tmp_path):
+    names = {"FH_QUEUE": unique_name("in-"), "FH_QUEUE_OUT": unique_name("out-")}
+    env = {"AzureWebJobsStorage": storage_connection_string, "FH_RECORD_DIR": str(tmp_path), **names}
+    (host,) = funchost.start(APP_DIR, env={**env, **only("queue_record")}, drain_timeout=60)
+    inbox = QueueClient.from_connection_string(storage_connection_string, names["FH_QUEUE"])
+    inbox.send_message(b64('{"sleep": 60}'))
+    eventually(lambda: records(tmp_path, "queue_record", "start"), what="the function to start")
+
+    host.interrupt()
+    host.wait_for_log(r"waiting for 1 in-flight message")
+    started = time.monotonic()
+    host.interrupt()
+    assert host.process.wait(15) == 0
+    assert time.monotonic() - started < 10
+    log = host.log_text()
+    assert "SIGINT received: stopping" in log and "second SIGINT" in log
+    assert "queue_record: released message" in log
+    assert len(list(inbox.peek_messages())) == 1
