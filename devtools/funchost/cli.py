@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -71,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         log.error("no function_app.py in %s (use --app-dir)", app_dir.resolve())
         return 2
 
-    host = Host(app_dir, args.settings, functions=args.functions)
+    settings = args.settings.resolve() if args.settings else None
+    app_dir = app_dir.resolve()
+    # Core Tools and Azure run the worker in the app directory (the script root).
+    os.chdir(app_dir)
+    host = Host(app_dir, settings, functions=args.functions)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame) -> None:
