@@ -1,15 +1,12 @@
 """Experiments only: the local host with named patches applied, to measure what a change
 would buy before anyone makes it. Figures checked against targets never use it.
 
-``BENCH_HOST_PATCHES=sb-batch-wait-off,table-pool python -m benchmarks.whatif_host --app-dir .``
+``BENCH_HOST_PATCHES=sb-batch-wait-off python -m benchmarks.whatif_host --app-dir .``
 
 - ``sb-batch-wait-off``: the Service Bus SDK's receive keeps pulling for 200 ms after the
   first message to fill the batch; the local host asks for up to ``maxConcurrentCalls``
   messages per receive, so at light load every Service Bus hop waits those 200 ms.
   This sets the wait to 0 (a receive returns what has arrived).
-- ``table-pool``: the app's table and queue clients keep at most 10 connections
-  (requests' default pool); the host runs up to 16 invocations per trigger in threads
-  that share them. This gives the app's clients a pool of 64.
 """
 
 from __future__ import annotations
@@ -33,28 +30,7 @@ def _sb_batch_wait_off() -> None:
     receiver_mixins.ReceiverMixin._populate_attributes = populate
 
 
-def _table_pool() -> None:
-    import requests
-    from azure.core.pipeline.transport import RequestsTransport
-    from azure.core.pipeline.transport._bigger_block_size_http_adapters import BiggerBlockSizeHTTPAdapter
-    from urllib3.util.retry import Retry
-
-    from core import clients
-
-    def transport() -> RequestsTransport:
-        session = requests.Session()
-        session.trust_env = False
-        adapter = BiggerBlockSizeHTTPAdapter(
-            max_retries=Retry(total=False, redirect=False, raise_on_status=False), pool_maxsize=64
-        )
-        for scheme in ("http://", "https://"):
-            session.mount(scheme, adapter)
-        return RequestsTransport(session=session, session_owner=True, use_env_settings=False)
-
-    clients.transport = transport
-
-
-PATCHES = {"sb-batch-wait-off": _sb_batch_wait_off, "table-pool": _table_pool}
+PATCHES = {"sb-batch-wait-off": _sb_batch_wait_off}
 
 
 def main() -> None:
