@@ -18,7 +18,7 @@ See docs/servicebus-emulator.md for what it supports and its limits.
 """
 
 from .broker import QueueSettings
-from .codec import SUPPORTED_SDK_VERSION, check_sdk_version
+from .codec import SUPPORTED_SDK_VERSION, SdkVersionError, check_sdk_version
 from .server import EmulatorError, EmulatorServer, ServiceBusEmulator, connection_string, start
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "EmulatorError",
     "EmulatorServer",
     "QueueSettings",
+    "SdkVersionError",
     "ServiceBusEmulator",
     "check_sdk_version",
     "connection_string",

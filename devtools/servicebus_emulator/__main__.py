@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 
+from .codec import SdkVersionError
 from .server import EmulatorError, EmulatorServer, app_queues, queue_settings
 
 
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         asyncio.run(serve(args))
-    except EmulatorError as error:
+    except (EmulatorError, SdkVersionError) as error:
         logging.getLogger("devtools.servicebus_emulator").error("%s", error)
         return 1
     return 0

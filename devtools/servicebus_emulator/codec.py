@@ -62,6 +62,10 @@ SND_SETTLED = 1
 RCV_SECOND = 1
 
 
+class SdkVersionError(RuntimeError):
+    """The installed azure-servicebus is not the version the emulator was built against."""
+
+
 class CodecError(ValueError):
     """Bytes that are not valid AMQP (the connection is closed with ``amqp:decode-error``)."""
 
@@ -74,7 +78,7 @@ def check_sdk_version() -> None:
     """
     installed = azure.servicebus.__version__
     if installed != SUPPORTED_SDK_VERSION:
-        raise RuntimeError(
+        raise SdkVersionError(
             f"The Service Bus emulator was built against azure-servicebus=={SUPPORTED_SDK_VERSION} "
             f"(it reuses the SDK's private AMQP codec) but {installed} is installed. Install the pinned "
             "version from requirements.txt, or re-verify the emulator against the new SDK and update "

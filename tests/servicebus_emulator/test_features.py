@@ -30,6 +30,12 @@ def test_installed_sdk_is_the_version_the_emulator_was_built_against():
     emulator.check_sdk_version()
 
 
+def test_another_sdk_version_stops_the_emulator_with_a_clear_message(monkeypatch):
+    monkeypatch.setattr(azure.servicebus, "__version__", "7.99.0")
+    with pytest.raises(emulator.SdkVersionError, match=r"built against azure-servicebus==7\.15\.0.*7\.99\.0"):
+        emulator.start()
+
+
 def test_requirements_pin_the_version_the_emulator_was_built_against():
     with open("requirements.txt") as requirements:
         pins = [line.split("#")[0].strip() for line in requirements]
