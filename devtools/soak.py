@@ -8,18 +8,26 @@ messages sent twice; copies of real agent responses sent again; one host killed
 (SIGKILL) and restarted mid-run. Then it checks:
 
 - every order is terminal; nothing is left Pending or Processing;
-- remote effects == Processed orders, and no order's effect applied twice;
+- no order's effect applied twice; every Processed order has exactly one effect, and
+  an effect outside them belongs only to an order whose retries ran out while its
+  last answer was late (the effect happened, the answer was lost);
 - every Error is a permanent refusal or an order that exhausted its retries, with
   exactly one alert each;
 - no message is left in any queue but the dead-letter queues, and every dead-letter
-  is explained.
+  is explained;
+- then, as the operator: with the faults cleared, every order that exhausted its
+  retries is resubmitted (``ordersctl resubmit``) and ends Processed without a second
+  effect, so remote effects == Processed orders.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -79,6 +87,10 @@ class Verdict:
     dead_letters: dict[str, list[str]]
     elapsed_s: float
     problems: list[str] = field(default_factory=list)
+    effects_on_exhausted: int = 0
+    resubmitted: int = 0
+    effects_after_resubmit: int | None = None
+    processed_after_resubmit: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -201,8 +213,44 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
         alerts = read_alerts(stack.servicebus_connection_string)
         effects = stack.remote.effects()
         leftover, dead = queue_leftovers(stack)
-    return _audit(orders, states, effects, alerts, duplicates, counter["replayed"], killed_at, leftover, dead,
-                  time.monotonic() - started)
+        verdict = _audit(orders, states, effects, alerts, duplicates, counter["replayed"], killed_at, leftover, dead,
+                         time.monotonic() - started)
+        if not verdict.not_terminal:
+            operator_phase(stack, table, verdict, states)
+    verdict.elapsed_s = round(time.monotonic() - started, 1)
+    return verdict
+
+
+def operator_phase(stack: LocalStack, table: TableClient, verdict: Verdict, states: dict[str, dict]) -> None:
+    """Act as the operator: with the remote's faults cleared, resubmit every order that
+    exhausted its retries. Each must end Processed, and the remote must see no second
+    effect (the step keeps its idempotency key), so effects == Processed afterwards."""
+    exhausted = [o for o, row in states.items() if (row.get("LastError") or "").startswith("gave up after")]
+    stack.remote.set_faults()
+    for order_id in exhausted:
+        resubmitted = subprocess.run(
+            [sys.executable, "-m", "ordersctl", "resubmit", order_id],
+            cwd=ROOT, env={**os.environ, **stack.env}, capture_output=True, text=True, timeout=60,
+        )
+        if resubmitted.returncode != 0:
+            verdict.problems.append(f"resubmit {order_id} failed: {resubmitted.stderr.strip()}")
+    deadline = time.monotonic() + 60
+    final: dict[str, dict] = {}
+    while time.monotonic() < deadline:
+        final = {o: table.get_entity(o, "state") for o in exhausted}
+        if all(row["ProcessState"] == "Processed" for row in final.values()):
+            break
+        time.sleep(0.5)
+    effects = stack.remote.effects()
+    processed = sum(1 for row in table.query_entities("RowKey eq @rk", parameters={"rk": "state"})
+                    if row["ProcessState"] == "Processed")
+    verdict.resubmitted = len(exhausted)
+    verdict.effects_after_resubmit = effects["total"]
+    verdict.processed_after_resubmit = processed
+    if any(row["ProcessState"] != "Processed" for row in final.values()):
+        verdict.problems.append(f"resubmitted orders not Processed: {[o for o, r in final.items() if r['ProcessState'] != 'Processed']}")
+    if effects["total"] != processed or any(n > 1 for n in effects["by_order"].values()):
+        verdict.problems.append(f"after the operator's resubmits: remote effects {effects['total']} != processed {processed}")
 
 
 def _audit(orders, states, effects, alerts, duplicates, replayed, killed_at, leftover, dead, elapsed) -> Verdict:
@@ -223,11 +271,16 @@ def _audit(orders, states, effects, alerts, duplicates, replayed, killed_at, lef
     )
     if not_terminal:
         v.problems.append(f"{len(not_terminal)} orders not terminal: {not_terminal[:5]}")
-    if effects["total"] != len(processed):
-        extra = {o: (states[o]["ProcessState"], states[o].get("LastError"), states[o]["FailureCount"], n)
-                 for o, n in effects["by_order"].items() if o in states and states[o]["ProcessState"] != "Processed"}
-        v.problems.append(f"remote effects {effects['total']} != processed {len(processed)}; effects of orders "
-                          f"not Processed: {extra}")
+    # An effect belongs to a Processed order, or to an order whose last allowed attempt
+    # was applied but answered after its deadline (retries exhausted, response lost).
+    # A permanently refused order never has one.
+    misplaced = {o: (states.get(o, {}).get("ProcessState"), states.get(o, {}).get("LastError"))
+                 for o in effects["by_order"] if o not in processed and o not in exhausted}
+    missing = [o for o in processed if effects["by_order"].get(o, 0) != 1]
+    v.effects_on_exhausted = sum(1 for o in exhausted if effects["by_order"].get(o))
+    if misplaced or missing:
+        v.problems.append(f"remote effects do not match: on orders neither Processed nor exhausted {misplaced}; "
+                          f"Processed without exactly one effect {missing[:5]}")
     if twice:
         v.problems.append(f"applied twice: {twice[:5]}")
     if unexplained:
@@ -248,6 +301,9 @@ def print_verdict(v: Verdict) -> None:
     console.print(f"orders {v.orders}: processed {v.processed}, error {v.errors} "
                   f"(permanent {v.error_permanent}, retries exhausted {v.error_exhausted}), "
                   f"not terminal {len(v.not_terminal)}")
+    console.print(f"operator resubmitted {v.resubmitted} exhausted orders ({v.effects_on_exhausted} had their effect "
+                  f"applied but answered late): then {v.processed_after_resubmit} processed, "
+                  f"{v.effects_after_resubmit} remote effects")
     console.print(f"remote effects {v.remote_effects} (applied twice: {len(v.applied_twice)}); "
                   f"alerts {sum(v.alerts_by_order.values())} for {len(v.alerts_by_order)} orders")
     console.print(f"chaos: {v.duplicates_sent} duplicate order messages, {v.responses_replayed} replayed agent responses, "

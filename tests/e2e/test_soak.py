@@ -10,8 +10,10 @@ def test_short_chaos_soak(tmp_path, report_figure):
         f"soak: {verdict.orders} orders, {verdict.processed} processed, {verdict.errors} error "
         f"({verdict.error_permanent} permanent, {verdict.error_exhausted} exhausted), "
         f"{verdict.remote_effects} effects, {len(verdict.applied_twice)} applied twice, "
-        f"{verdict.duplicates_sent} duplicate orders, {verdict.responses_replayed} replayed responses, "
+        f"effects after the operator's resubmits {verdict.effects_after_resubmit} == "
+        f"processed {verdict.processed_after_resubmit}, {verdict.duplicates_sent} duplicate orders, {verdict.responses_replayed} replayed responses, "
         f"host killed at {verdict.host_killed_at} s, {verdict.elapsed_s} s"
     )
     assert verdict.ok, verdict.problems
+    assert verdict.effects_after_resubmit == verdict.processed_after_resubmit
     assert verdict.host_killed_at is not None and verdict.duplicates_sent > 0
