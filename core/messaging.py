@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from datetime import datetime, timedelta
 
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
@@ -25,6 +25,8 @@ JSON = "application/json"
 STATUS_SEND_TIMEOUT = 2.0
 #: ...and a reply queue that failed is left alone this long before the next try.
 BROKEN_QUEUE_PAUSE = 60.0
+#: The app's own queues plus the most recent reply queues.
+MAX_OPEN_SENDERS = 16
 
 
 def agent_request_id(order_id: str, step: str, attempt: int) -> str:
@@ -36,30 +38,41 @@ class Publisher:
 
     def __init__(self, client: ServiceBusClient) -> None:
         self.client = client
-        self._senders: dict[str, object] = {}
-        self._locks: dict[str, threading.Lock] = {}
+        #: queue -> its link: open senders, most recently used last. Reply queues are
+        #: many, so only the MAX_OPEN_SENDERS most recent stay open.
+        self._links: OrderedDict[str, _Link] = OrderedDict()
         self._guard = threading.Lock()
         #: Reply queues whose last send failed, with when to try them again.
         self._broken: dict[str, float] = {}
         #: Service Bus sends by kind, for benchmarks and tests.
         self.ops: Counter[str] = Counter()
 
-    def _send(self, queue: str, message: ServiceBusMessage, kind: str, timeout: float | None = None) -> None:
+    def _link(self, queue: str) -> "_Link":
         with self._guard:
-            lock = self._locks.setdefault(queue, threading.Lock())
-        with lock:
-            sender = self._senders.get(queue)
-            if sender is None:
-                sender = self._senders[queue] = self.client.get_queue_sender(queue)
+            link = self._links.get(queue)
+            if link is None:
+                link = self._links[queue] = _Link()
+            self._links.move_to_end(queue)
+            # Close the least recently used idle senders beyond the limit (one in use is kept).
+            for name in list(self._links)[: max(0, len(self._links) - MAX_OPEN_SENDERS)]:
+                old = self._links[name]
+                if old is not link and old.lock.acquire(blocking=False):
+                    try:
+                        old.close()
+                        del self._links[name]
+                    finally:
+                        old.lock.release()
+            return link
+
+    def _send(self, queue: str, message: ServiceBusMessage, kind: str, timeout: float | None = None) -> None:
+        link = self._link(queue)
+        with link.lock:
+            if link.sender is None:
+                link.sender = self.client.get_queue_sender(queue)
             try:
-                sender.send_messages(message, timeout=timeout)
+                link.sender.send_messages(message, timeout=timeout)
             except Exception:
-                # A broken link is not reused: the next send opens a fresh one.
-                self._senders.pop(queue, None)
-                try:
-                    sender.close()
-                except Exception:  # noqa: BLE001 - closing a broken sender may fail too
-                    pass
+                link.close()  # a broken link is not reused: the next send opens a fresh one
                 raise
         self.ops[kind] += 1
 
@@ -129,13 +142,29 @@ class Publisher:
         return True
 
     def close(self) -> None:
-        for sender in list(self._senders.values()):
+        with self._guard:
+            links = list(self._links.values())
+            self._links.clear()
+        for link in links:
+            with link.lock:
+                link.close()
+        self.client.close()
+
+
+class _Link:
+    """One queue's sender and the lock that serialises its use (senders are not thread-safe)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sender = None
+
+    def close(self) -> None:
+        sender, self.sender = self.sender, None
+        if sender is not None:
             try:
                 sender.close()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - closing a broken or idle sender may fail; nothing to do
                 pass
-        self._senders.clear()
-        self.client.close()
 
 
 class Nudger:

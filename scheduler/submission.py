@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 #: Service Bus queue names: letters, digits, periods, hyphens, underscores, slashes; up to 260.
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,259}$")
 _JSON_TYPES = ("application/json", "text/json")
+#: Orders up to this size ride along in the scheduler's nudge (saving a table read).
+MAX_NUDGE_DOCUMENT_BYTES = 32 * 1024
 
 
 class Result(str, Enum):
@@ -102,7 +104,12 @@ def submit(
         publisher.send_status(
             StatusEvent(order_id=order.order_id, status=Status.RECEIVED, time=now), queue=reply_to
         )
-        return Submission(Result.CREATED, order.order_id, Nudge(order_id=order.order_id, state=state, document=order.document()))
+        document = order.document()
+        # A storage-queue message holds 64 KiB after base64; a larger order travels
+        # without its document and the scheduler reads it from the table instead.
+        if len(document.encode()) > MAX_NUDGE_DOCUMENT_BYTES:
+            document = None
+        return Submission(Result.CREATED, order.order_id, Nudge(order_id=order.order_id, state=state, document=document))
     # The same order again. If it is still Pending, the first delivery may have died
     # before its nudge went out: nudge again (a claim is ETag-guarded, so a second
     # nudge is harmless).

@@ -87,3 +87,31 @@ def test_reply_to_receives_a_received_event_and_a_missing_queue_does_not_block(a
             receiver.complete_message(message)
     assert event["order_id"] == "o-7" and event["status"] == "received"
     assert message.correlation_id == "o-7"
+
+
+def test_an_order_too_large_for_the_nudge_travels_without_its_document(app_settings, monkeypatch):
+    from scheduler import dispatch, submission
+
+    monkeypatch.setattr(submission, "MAX_NUDGE_DOCUMENT_BYTES", 10)
+    nudge = Nudge.model_validate_json(submit(order_json("o-9")).value)
+    assert nudge.document is None and nudge.state is not None
+    s = services()
+    request = dispatch.schedule(
+        nudge, store=s.store, publisher=s.publisher, instance="i1", now=nudge.state.created_at,
+        step_timeout=s.settings.step_timeout, requests_queue=s.settings.agent_requests_queue,
+        responses_queue=s.settings.agent_responses_queue,
+    )
+    assert request.payload["order_id"] == "o-9"  # read from the order row
+
+
+def test_reply_queue_senders_are_bounded(app_settings, servicebus_emulator):
+    from core.messaging import MAX_OPEN_SENDERS
+    from core.models import Status, StatusEvent, utcnow
+
+    publisher = services().publisher
+    queues = [f"many-replies-{i}" for i in range(MAX_OPEN_SENDERS + 8)]
+    for queue in queues:
+        servicebus_emulator.declare_queue(queue)
+        assert publisher.send_status(StatusEvent(order_id="o-10", status=Status.RECEIVED, time=utcnow()), queue=queue)
+    assert len(publisher._links) <= MAX_OPEN_SENDERS
+    assert all(servicebus_emulator.message_counts(q)["active"] == 1 for q in queues)
