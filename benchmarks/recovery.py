@@ -8,8 +8,10 @@ Timeline of one trial, from the state row (polled every 50 ms) and the clock her
           ──(retry backoff, then the queue poll)──► claim, attempt 2 ──► Processed
 
 The target (step timeout + supervisor period + 2 s) is a bound for a kill right after
-the claim, the worst moment; the trial kills a little later (the second host has to be
-running first), so both *kill -> Processed* and *claim -> Processed* are reported.
+the claim, the worst moment. The trial kills a little later: the second host is started
+and warmed up (a few orders through it, so its links are open, as a long-running
+instance's are) while the first one holds the call. So both *kill -> Processed* and
+*claim -> Processed* (what a kill at the claim would take) are reported.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from benchmarks import pipeline
 from benchmarks.stack import BenchStack, OrderSender
 from core.store import STATE_ROW
 
 #: The recovery trial's settings (app settings of the hosts).
-SETTINGS = {"STEP_TIMEOUT_SECONDS": "5", "SUPERVISOR_SCHEDULE": "*/2 * * * * *"}
-STEP_TIMEOUT = 5.0
+SETTINGS = {"STEP_TIMEOUT_SECONDS": "8", "SUPERVISOR_SCHEDULE": "*/2 * * * * *"}
+STEP_TIMEOUT = 8.0
 SUPERVISOR_PERIOD = 2.0
 TARGET = STEP_TIMEOUT + SUPERVISOR_PERIOD + 2.0
 
@@ -76,7 +79,10 @@ def trial(stack: BenchStack, sender: OrderSender, order_id: str, *, timeout: flo
     row = table.get_entity(order_id, STATE_ROW)
     claimed = row["UpdatedAt"].timestamp()
     complete_by = row["CompleteBy"].timestamp()
-    stack.start_hosts(1)  # the survivor: running before the crash, as in a real deployment
+    stack.start_hosts(1)  # the survivor: running and warm before the crash, as in a real deployment
+    pipeline.warm_up(stack, sender, f"{order_id}-warm-", count=10)
+    if time.time() > complete_by - 1:
+        raise RuntimeError("the survivor took too long to start: the step would expire before the kill")
     killed = time.time()
     stack.kill_host(victims[0])
     timeline: dict[str, float | None] = {"reset": None, "reclaimed": None}

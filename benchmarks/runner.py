@@ -252,6 +252,7 @@ class Runner:
             )
             cores = float(self.report.machine.get("cores") or 1)
             self.results["cpu_bound"] = cores * 1000 / total
+            self.results["cpu_per_order"] = total
             section.figure("cpu_bound_orders_per_s", f"CPU bound: {cores:.0f} cores / CPU per order (no waiting at all)",
                            cores * 1000 / total, "orders/s")
         # If-Match updates: threads in one process vs processes.
@@ -394,14 +395,22 @@ class Runner:
                                result.per_second / bound, "")
             cpu = {name: value / max(result.processed, 1) * 1000 for name, value in result.cpu.items()}
             host_cpu = sum(v for k, v in cpu.items() if k.startswith("host"))
+            host_seconds = sum(v for k, v in result.cpu.items() if k.startswith("host"))
+            stack_cpu = host_cpu + (cpu.get("azurite") or 0) + (cpu.get("servicebus") or 0)
+            ceiling_cpu = self.results.get("cpu_per_order")
+            if ceiling_cpu and stack_cpu:
+                section.figure(f"cpu_efficiency.{key}", f"{hosts} host{'s' if hosts > 1 else ''}: ceiling CPU per order / "
+                               "the stack's CPU per order", ceiling_cpu / stack_cpu, "",
+                               note="insensitive to other load on the machine")
             rows.append([
-                f"{hosts}", result.per_second, result.seconds, result.percentile(50), host_cpu, cpu.get("azurite"),
+                f"{hosts}", result.per_second, result.seconds, result.percentile(50), host_cpu,
+                host_seconds / result.wall / hosts if result.wall else None, cpu.get("azurite"),
                 cpu.get("servicebus"), sum(result.cpu.values()) / result.wall if result.wall else None,
             ])
         section.table(
             f"{plan.pipeline_orders} orders sent at once, no faults",
-            ["hosts", "orders/s", "seconds", "p50 latency s", "host CPU ms/order", "Azurite CPU ms/order",
-             "emulator CPU ms/order", "cores busy (of the stack)"],
+            ["hosts", "orders/s", "seconds", "p50 send → Processed s (queued in the burst)", "host CPU ms/order",
+             "cores busy per host process", "Azurite CPU ms/order", "emulator CPU ms/order", "cores busy (stack)"],
             rows,
             note="Host CPU per order is all the host processes' CPU over the run divided by the orders; "
             "it includes the Functions host machinery, message parsing, logging and the agent's HTTP call, "
@@ -416,7 +425,7 @@ class Runner:
 
     def _recovery(self, section: Section, stack: BenchStack, sender: OrderSender) -> None:
         section.intro = recovery.__doc__.split("\n\n", 1)[1].strip()
-        self._status("recovery: restarting hosts with a 5 s step timeout and a 2 s supervisor")
+        self._status(f"recovery: restarting hosts with a {recovery.STEP_TIMEOUT:g} s step timeout and a 2 s supervisor")
         stack.stop_hosts()
         stack.settings.update(recovery.SETTINGS)
         stack.start_hosts(1)
@@ -441,7 +450,7 @@ class Runner:
              "reset → claim 2 (backoff + queue poll)", "claim 2 → Processed", "kill → Processed",
              "claim → Processed", "remote effects"],
             rows,
-            note=f"Settings: STEP_TIMEOUT_SECONDS=5, SUPERVISOR_SCHEDULE='*/2 * * * * *', the default "
+            note=f"Settings: STEP_TIMEOUT_SECONDS={recovery.STEP_TIMEOUT:g}, SUPERVISOR_SCHEDULE='*/2 * * * * *', the default "
             f"RETRY_BACKOFF_BASE_SECONDS=2 (first retry nudged 2 s after the reset) and host.json "
             f"maxPollingInterval 2 s (an idle queue is polled at most every 2 s). Target: "
             f"{recovery.STEP_TIMEOUT:g} + {recovery.SUPERVISOR_PERIOD:g} + 2 = {recovery.TARGET:g} s.",
@@ -476,6 +485,8 @@ class Runner:
         section.figure("storage_per_min", "storage operations per minute", storage / minutes, "/min",
                        note=f"table {operations.service_total('table') / minutes:.1f}, "
                        f"queue {operations.service_total('queue') / minutes:.1f}")
+        section.figure("storage_per_month", "storage operations per month (30 days) per idle instance",
+                       storage / minutes * 60 * 24 * 30, "")
         receive_calls = sb.get("frame.flow", 0)
         section.figure("servicebus_receive_calls_per_min", "Service Bus receive calls (AMQP flow frames) per minute",
                        receive_calls / minutes, "/min")
