@@ -91,8 +91,11 @@ def test_duplicate_order_messages(stack):
     assert [(r["MessageId"], "different content" in r["Reason"]) for r in rejected] == [("d-1-other", True)]
     document, _ = services().store.read("d-1")
     assert json.loads(document)["customer_id"] == "c-42"
-    handled = [i.details for i in stack.hosts[0].invocations("submit_order")]
-    assert sorted(d.split("message_id=")[1].split()[0] for d in handled) == ["d-1", "d-1-other", "d-1-resend"]
+    def handled() -> list[str]:
+        return sorted(i.details.split("message_id=")[1].split()[0] for i in stack.hosts[0].invocations("submit_order"))
+
+    wait_until(lambda: len(handled()) >= 3, timeout=10, what="three submissions to be logged")
+    assert handled() == ["d-1", "d-1-other", "d-1-resend"]
     assert stack.remote.effects()["by_order"] == {"d-1": 1}
 
 
