@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -84,20 +85,27 @@ def order_body(order_id: str, i: int) -> bytes:
     ).encode()
 
 
-def send_orders(connection_string: str, orders: int, invalid: int) -> tuple[dict[str, float], int]:
-    """Send the orders (and a few bad messages from the corpus) like any client would."""
-    sent_at: dict[str, float] = {}
+def send_orders(connection_string: str, orders: int, invalid: int, sent_at: dict[str, float]) -> None:
+    """Send the orders (and a few bad messages from the corpus) like any client would.
+
+    ``sent_at`` gets each order's submission time: when Service Bus accepted its batch.
+    """
     bad = [case for case in load() if "generate" not in case][:invalid]
     with ServiceBusClient.from_connection_string(connection_string) as client:
         with client.get_queue_sender(names.ORDERS_QUEUE) as sender:
-            batch = []
+            batch: list[ServiceBusMessage] = []
+
+            def flush() -> None:
+                sender.send_messages(batch)
+                accepted = time.time()
+                sent_at.update({str(m.message_id): accepted for m in batch})
+                batch.clear()
+
             for i in range(orders):
                 order_id = f"demo-{i:05d}"
                 batch.append(ServiceBusMessage(order_body(order_id, i), message_id=order_id, content_type="application/json"))
-                sent_at[order_id] = time.time()
-                if len(batch) == 50:
-                    sender.send_messages(batch)
-                    batch = []
+                if len(batch) == 20:
+                    flush()
                 if i % 40 == 20 and bad:  # sprinkle the invalid ones among the valid
                     case = bad.pop()
                     sender.send_messages(
@@ -105,10 +113,9 @@ def send_orders(connection_string: str, orders: int, invalid: int) -> tuple[dict
                                           content_type=case.get("content_type", "application/json"))
                     )
             if batch:
-                sender.send_messages(batch)
+                flush()
             for case in bad:
                 sender.send_messages(ServiceBusMessage(body_of(case), content_type=case.get("content_type", "application/json")))
-    return sent_at, invalid
 
 
 def read_states(table: TableClient) -> list[dict]:
@@ -117,12 +124,16 @@ def read_states(table: TableClient) -> list[dict]:
 
 def progress_table(sample: Sample, orders: int, rejected: int, effects: int, started: float) -> Table:
     elapsed = time.monotonic() - started
-    table = Table(title=f"Scheduler Agent Supervisor demo — {orders} orders, {elapsed:.0f} s")
-    for column in (*STATES, "rejected", "supervisor resets", "alerts", "remote effects", "orders/s"):
-        table.add_column(column, justify="right")
     done = sample.counts["Processed"] + sample.counts["Error"]
-    table.add_row(*(str(sample.counts[s]) for s in STATES), str(rejected), str(sample.resets),
-                  str(sample.alerts), str(effects), f"{done / max(elapsed, 0.001):.1f}")
+    table = Table(title=f"Scheduler Agent Supervisor demo — {orders} orders, {elapsed:.0f} s", show_header=False)
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for state in STATES:
+        table.add_row(state, str(sample.counts[state]))
+    for key, value in (("rejected messages", rejected), ("supervisor resets", sample.resets),
+                       ("alerts", sample.alerts), ("remote effects", effects)):
+        table.add_row(key, str(value))
+    table.add_row("orders/s", f"{done / max(elapsed, 0.001):.1f}")
     return table
 
 
@@ -173,17 +184,20 @@ def run_demo(
         rejections = TableClient.from_connection_string(stack.azurite.connection_string, names.REJECTIONS_TABLE)
         console.print(f"sending {orders} orders and {invalid} invalid messages to the '{names.ORDERS_QUEUE}' queue…")
         started = time.monotonic()
-        sent_at, invalid = send_orders(stack.servicebus_connection_string, orders, invalid)
+        sent_at: dict[str, float] = {}
+        sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="send-orders")
+        sending = sender.submit(send_orders, stack.servicebus_connection_string, orders, invalid, sent_at)
+        sender.shutdown(wait=False)
         samples: list[Sample] = []
         rows: list[dict] = []
         rejected = 0
         with Live(console=console, refresh_per_second=4) as live:
             while True:
-                rows = [r for r in read_states(table) if r["OrderId"] in sent_at]
+                rows = [r for r in read_states(table) if r["OrderId"].startswith("demo-")]
                 counts = {state: 0 for state in STATES}
                 for row in rows:
                     counts[row["ProcessState"]] += 1
-                counts["Pending"] += orders - len(rows)  # sent, not yet written
+                counts["Pending"] += len(sent_at) - len(rows)  # sent, not yet written
                 rejected = sum(1 for _ in rejections.list_entities(select=["RowKey"])) if invalid else 0
                 sample = Sample(
                     t=time.monotonic() - started,
@@ -196,13 +210,16 @@ def run_demo(
                 terminal = counts["Processed"] + counts["Error"]
                 if (terminal == orders and rejected >= invalid) or sample.t > time_limit:
                     break
+                if sending.done() and sending.exception() is not None:
+                    break
                 time.sleep(0.5)
         elapsed = time.monotonic() - started
+        sending.result()  # a failure to send is the demo's failure: raise it
         effects = stack.remote.effects()
         alerts = count_alerts(stack.servicebus_connection_string)
         latencies = sorted(
             r["UpdatedAt"].timestamp() - sent_at[r["OrderId"]]
-            for r in rows if r["ProcessState"] in ("Processed", "Error")
+            for r in rows if r["ProcessState"] in ("Processed", "Error") and r["OrderId"] in sent_at
         )
         processed = sum(1 for r in rows if r["ProcessState"] == "Processed")
         summary = Summary(

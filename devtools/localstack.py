@@ -66,6 +66,7 @@ class LocalStack:
         os.environ.setdefault(STACK_MARK, uuid.uuid4().hex)
         try:
             self.azurite = azurite_launcher.start(self.storage_ports)
+            self._provision_storage()
             self._start_emulator()
             self.remote = fake_remote.start(
                 port=self.remote_port, rates=self.remote_rates or None, seed=self.remote_seed,
@@ -76,6 +77,19 @@ class LocalStack:
             self.stop()
             raise
         return self
+
+    def _provision_storage(self) -> None:
+        """Create the tables and storage queues, as the Bicep does in Azure."""
+        from azure.data.tables import TableServiceClient
+        from azure.storage.queue import QueueServiceClient
+
+        tables = TableServiceClient.from_connection_string(self.azurite.connection_string)
+        for name, _ in names.TABLES:
+            tables.create_table_if_not_exists(name)
+        queues = QueueServiceClient.from_connection_string(self.azurite.connection_string)
+        for name, _ in names.STORAGE_QUEUES:
+            for queue in (name, name + names.POISON_SUFFIX):
+                queues.create_queue(queue)
 
     def _start_emulator(self) -> None:
         log = open(self.log_dir / "servicebus-emulator.log", "wb")
