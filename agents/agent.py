@@ -8,8 +8,8 @@ expired row and decides whether the step runs again (with the same idempotency k
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
-from typing import Callable
 
 from agents.remote import DeadlineReached, PermanentRemoteError, RemoteClient, TransientRemoteError
 from core.models import AgentRequest, AgentResponse, Outcome

@@ -6,9 +6,10 @@ from __future__ import annotations
 import email.utils
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime, timezone
+from typing import Any
 
 import requests
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
@@ -63,7 +64,7 @@ def _retry_after(response: requests.Response) -> float | None:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
-    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 class RemoteClient:
@@ -82,7 +83,7 @@ class RemoteClient:
             session.trust_env = False
         return session
 
-    def fulfil(self, request: AgentRequest, *, now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> dict[str, Any]:
+    def fulfil(self, request: AgentRequest, *, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> dict[str, Any]:
         """The remote result; raises PermanentRemoteError, DeadlineReached, or
         TransientRemoteError when the calls ran out before the deadline did."""
         policy = self.policy

@@ -47,7 +47,7 @@ class Publisher:
         #: Service Bus sends by kind, for benchmarks and tests.
         self.ops: Counter[str] = Counter()
 
-    def _link(self, queue: str) -> "_Link":
+    def _link(self, queue: str) -> _Link:
         with self._guard:
             link = self._links.get(queue)
             if link is None:
@@ -180,4 +180,4 @@ class Nudger:
         self.ops["nudge"] += 1
 
 
-__all__ = ["Publisher", "Nudger", "agent_request_id", "STEP"]
+__all__ = ["STEP", "Nudger", "Publisher", "agent_request_id"]

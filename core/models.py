@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from decimal import Decimal
 from enum import Enum
 from typing import Annotated, Any
@@ -102,7 +102,7 @@ class OrderRequest(_Message):
     notes: Annotated[str, StringConstraints(max_length=2_000), AfterValidator(_no_control_characters)] | None = None
 
     @model_validator(mode="after")
-    def _total_matches_items(self) -> "OrderRequest":
+    def _total_matches_items(self) -> OrderRequest:
         expected = sum((item.quantity * item.unit_price for item in self.items), Decimal(0))
         if expected != self.total:
             raise ValueError(f"total {self.total} does not equal the sum of the items ({expected})")
@@ -221,4 +221,4 @@ def idempotency_key(order_id: str, step: str) -> str:
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)

@@ -82,7 +82,7 @@ class Settings(BaseSettings):
         return timedelta(seconds=self.pending_timeout_seconds)
 
     @model_validator(mode="after")
-    def _connections_present(self) -> "Settings":
+    def _connections_present(self) -> Settings:
         if not (self.storage_connection_string or self.storage_account_name or self.storage_table_service_uri):
             raise ValueError(
                 f"no storage connection: set {names.STORAGE_CONNECTION} (a connection string, "

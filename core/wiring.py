@@ -33,7 +33,7 @@ class Services:
     instance: str
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "Services":
+    def from_settings(cls, settings: Settings) -> Services:
         tables = clients.table_service(settings)
         for name in (settings.orders_table, settings.rejections_table):
             _ensure_table(tables, name)

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 import statistics
-from concurrent.futures import ThreadPoolExecutor
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
 

@@ -59,7 +59,7 @@ class LocalStack:
 
     # -- starting -----------------------------------------------------------------------
 
-    def start(self, hosts: int = 1) -> "LocalStack":
+    def start(self, hosts: int = 1) -> LocalStack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # Every process of this stack inherits a mark, so a check (or a person) can find
         # any that outlived it: grep the mark in /proc/*/environ.
@@ -157,7 +157,7 @@ class LocalStack:
         if self.azurite is not None:
             self.azurite.stop()
 
-    def __enter__(self) -> "LocalStack":
+    def __enter__(self) -> LocalStack:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -26,7 +26,7 @@ out = Console()
 err = Console(stderr=True)
 
 SettingsFile = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option("--settings", help="A local.settings.json whose Values fill in unset environment variables."),
 ]
 
@@ -98,12 +98,12 @@ def _parse_item(text: str) -> dict:
 
 @app.command("send-order")
 def send_order(
-    file: Annotated[Optional[Path], typer.Option("--file", "-f", help="An order as JSON (see schemas/order.schema.json).")] = None,
-    order_id: Annotated[Optional[str], typer.Option(help="Order id (also the message id).")] = None,
-    customer: Annotated[Optional[str], typer.Option(help="Customer id.")] = None,
-    item: Annotated[Optional[list[str]], typer.Option(help="SKU:QUANTITY:UNIT_PRICE; repeat for more lines.")] = None,
+    file: Annotated[Path | None, typer.Option("--file", "-f", help="An order as JSON (see schemas/order.schema.json).")] = None,
+    order_id: Annotated[str | None, typer.Option(help="Order id (also the message id).")] = None,
+    customer: Annotated[str | None, typer.Option(help="Customer id.")] = None,
+    item: Annotated[list[str] | None, typer.Option(help="SKU:QUANTITY:UNIT_PRICE; repeat for more lines.")] = None,
     currency: Annotated[str, typer.Option(help="ISO 4217 currency.")] = "EUR",
-    reply_to: Annotated[Optional[str], typer.Option("--reply-to", help="A queue to receive status events.")] = None,
+    reply_to: Annotated[str | None, typer.Option("--reply-to", help="A queue to receive status events.")] = None,
     settings: SettingsFile = None,
 ) -> None:
     """Validate an order against the model and send it to the orders queue."""
@@ -137,7 +137,7 @@ def send_order(
 def watch_status(
     queue: Annotated[str, typer.Argument(help="The reply queue named in --reply-to.")],
     timeout: Annotated[float, typer.Option(help="Stop after this many seconds without an event.")] = 30.0,
-    count: Annotated[Optional[int], typer.Option(help="Stop after this many events.")] = None,
+    count: Annotated[int | None, typer.Option(help="Stop after this many events.")] = None,
     settings: SettingsFile = None,
 ) -> None:
     """Print status events from a reply queue as they arrive (and remove them)."""
@@ -255,7 +255,7 @@ def dead_letters(
 
 @app.command()
 def rejections(
-    day: Annotated[Optional[str], typer.Option(help="UTC day YYYY-MM-DD (default: all).")] = None,
+    day: Annotated[str | None, typer.Option(help="UTC day YYYY-MM-DD (default: all).")] = None,
     limit: Annotated[int, typer.Option(min=1)] = 20,
     settings: SettingsFile = None,
 ) -> None:

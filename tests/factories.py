@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC
 
 
 def order_dict(order_id: str | None = None, /, *, lines: int = 2, **overrides) -> dict:
@@ -38,7 +39,7 @@ def servicebus_message(
 
     from azure.functions.servicebus import ServiceBusMessage
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return ServiceBusMessage(
         body=body,
         message_id=message_id,

@@ -3,9 +3,8 @@ service, and local host processes running the real function_app.py."""
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
@@ -13,6 +12,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from core.models import OrderState, ProcessState
 from core.store import OrderNotFound
 from core.wiring import services
+from tests.polling import wait_until
 from tests.servicebus_helpers import bodies, receive
 
 #: Short timings for tests, set through app settings (never by patching code).
@@ -26,18 +26,6 @@ FAST = {
     "AGENT_BACKOFF_MAX_SECONDS": "0.3",
     "REMOTE_CALL_TIMEOUT_SECONDS": "1",
 }
-
-
-def wait_until(check: Callable[[], object], *, timeout: float, what: str, interval: float = 0.1):
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 @dataclass

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import requests
+
+from tests.polling import wait_until as _wait_until
 
 
 def fulfil(
@@ -28,11 +29,4 @@ def fulfil(
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
     """Poll until predicate() is truthy; fail after the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
+    return _wait_until(predicate, timeout=timeout, what=what, interval=0.01)

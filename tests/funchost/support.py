@@ -5,9 +5,10 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
+
+from tests.polling import wait_until as eventually  # noqa: F401 - the name these tests use
 
 APP_DIR = Path(__file__).resolve().parent / "app"
 FUNCTIONS = ("sb_record", "queue_record", "tick", "tick_on_startup")
@@ -18,20 +19,6 @@ T = TypeVar("T")
 def only(*enabled: str) -> dict[str, str]:
     """App settings that switch off every test-app function except ``enabled``."""
     return {f"AzureWebJobs.{name}.Disabled": "true" for name in FUNCTIONS if name not in enabled}
-
-
-def eventually(
-    check: Callable[[], T], *, timeout: float = 20.0, what: str = "the condition", interval: float = 0.05
-) -> T:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 def records(directory: Path, function: str | None = None, event: str | None = None) -> list[dict]:

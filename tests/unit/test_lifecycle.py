@@ -1,4 +1,4 @@
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -6,7 +6,7 @@ from core import lifecycle
 from core.lifecycle import SupervisorPolicy, Verdict
 from core.models import AgentResponse, OrderState, Outcome, ProcessState
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 POLICY = SupervisorPolicy(
     max_failures=3,
     step_timeout=timedelta(seconds=30),
