@@ -63,7 +63,7 @@ class AzuriteLog:
             size = now
         return max(size, 0)
 
-    def since(self, start: int, end: int | None = None) -> "Operations":
+    def since(self, start: int, end: int | None = None) -> Operations:
         operations: dict[str, str] = {}
         statuses: dict[str, int] = {}
         with open(self.path, "rb") as handle:

@@ -24,6 +24,7 @@ two cores, shared by the client processes, Azurite and the Service Bus emulator.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import statistics
 import threading
@@ -329,10 +330,8 @@ class _Worker:
     def close(self) -> None:
         for handler in (self.sender, self.receiver):
             if handler is not None:
-                try:
+                with contextlib.suppress(Exception):  # closing after the measurement: nothing to report
                     handler.close()
-                except Exception:  # noqa: BLE001
-                    pass
         self.sb.close()
 
 
@@ -347,7 +346,10 @@ def _worker_main(spec: WorkerSpec, barrier, results) -> None:
             ops, latencies, errors = worker.run_kind(kind)
             ended, cpu = time.monotonic(), time.process_time() - cpu
             barrier.wait(timeout=300)
-            out.append(dict(kind=kind, ops=ops, started=started, ended=ended, latencies=latencies, cpu=cpu, errors=errors))
+            out.append({
+                "kind": kind, "ops": ops, "started": started, "ended": ended, "latencies": latencies, "cpu": cpu,
+                "errors": errors,
+            })
         results.put((spec.index, out, None))
     except BaseException:  # noqa: BLE001 - reported to the coordinator
         barrier.abort()
@@ -416,10 +418,8 @@ def measure(
     errors = [error for _, _, error in collected if error]
     if failure or errors or len(collected) < processes:
         raise RuntimeError(f"ceiling workers failed: {errors[0] if errors else failure or 'no result'}")
-    try:
+    with contextlib.suppress(Exception):  # a leftover queue in a throwaway Azurite is harmless
         queue.delete_queue()
-    except Exception:  # noqa: BLE001
-        pass
     results: dict[str, KindResult] = {}
     for kind in plan:
         rows = [row for _, out, _ in collected for row in out if row["kind"] == kind]

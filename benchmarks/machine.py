@@ -6,7 +6,7 @@ import json
 import os
 import platform
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 
 from devtools.azurite import ROOT
@@ -45,7 +45,7 @@ def _azurite_version() -> str:
 
 def _node_version() -> str:
     try:
-        return subprocess.run(["node", "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+        return subprocess.run(["node", "--version"], capture_output=True, text=True, timeout=10, check=False).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -54,7 +54,7 @@ def describe() -> dict[str, str]:
     """Machine and versions, as display strings (no paths of this machine)."""
     memory = _memory_gib()
     info = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": _cpu_model(),
         "cores": str(os.cpu_count() or "unknown"),
         "memory": f"{memory} GiB" if memory is not None else "unknown",

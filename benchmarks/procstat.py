@@ -45,3 +45,54 @@ class CpuMeter:
                 used[name] = after - before
         used["wall"] = time.monotonic() - self._wall
         return used
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds all cores have spent busy since boot (from /proc/stat)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as handle:
+            fields = handle.readline().split()
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / _TICK
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds of this process, its children that were reaped, and its live children
+    (the local stack's processes and the benchmark's workers)."""
+    times = os.times()
+    total = times.user + times.system + times.children_user + times.children_system
+    me = str(os.getpid())
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return total
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                data = handle.read()
+        except OSError:
+            continue
+        fields = data[data.rindex(b")") + 2 :].split()
+        if fields[1].decode() == me:
+            total += (int(fields[11]) + int(fields[12])) / _TICK
+    return total
+
+
+class OtherLoad:
+    """How many cores processes other than the benchmark's kept busy over a span of time
+    (the machine is shared: other work there slows every figure down)."""
+
+    def start(self) -> None:
+        self._wall, self._busy, self._own = time.monotonic(), machine_busy_seconds(), own_cpu_seconds()
+
+    def stop(self) -> float | None:
+        busy = machine_busy_seconds()
+        if busy is None or self._busy is None:
+            return None
+        wall = time.monotonic() - self._wall
+        other = (busy - self._busy) - (own_cpu_seconds() - self._own)
+        return max(0.0, other / wall) if wall > 0 else None

@@ -52,6 +52,8 @@ class Section:
     seconds: float | None = None
     #: The machine's 1-minute load average when the phase started and ended.
     load: tuple[float, float] | None = None
+    #: Cores kept busy by processes other than the benchmark's, on average over the phase.
+    other_cores: float | None = None
     error: str | None = None
 
     def figure(self, key: str, label: str, value, unit: str = "", **extra) -> Figure:
@@ -84,6 +86,17 @@ class Report:
 
     def targets(self) -> list[Figure]:
         return [f for s in self.sections for f in s.figures if f.target]
+
+    def _contention_warning(self) -> list[str]:
+        busy = [s for s in self.sections if s.other_cores is not None and s.other_cores >= 0.25]
+        if not busy:
+            return []
+        phases = ", ".join(f"{s.title} ({s.other_cores:.1f} cores)" for s in busy)
+        warning = (
+            f"Other work shared the machine during: {phases}. Timings of those phases are pessimistic, "
+            "and ratios between phases measured under different load are skewed."
+        )
+        return [warning, ""]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=str)
@@ -142,6 +155,7 @@ class Report:
             "",
             "## Targets",
             "",
+            *self._contention_warning(),
             "| figure | measured | target | met |",
             "| --- | ---: | ---: | :---: |",
         ]
@@ -156,7 +170,11 @@ class Report:
                 out += [section.intro, ""]
             if section.seconds is not None:
                 load = f"; load average {section.load[0]:.1f} → {section.load[1]:.1f}" if section.load else ""
-                out += [f"*Phase took {section.seconds:.0f} s{load}.*", ""]
+                other = (
+                    f"; other processes on the machine kept {section.other_cores:.2f} cores busy"
+                    if section.other_cores is not None else ""
+                )
+                out += [f"*Phase took {section.seconds:.0f} s{load}{other}.*", ""]
             if section.error:
                 out += [f"Not measured in this run: {section.error}", ""]
                 continue

@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from benchmarks import ceiling, pipeline, recovery
 from benchmarks.azurite_log import FRIENDLY, AzuriteLog, service_of
 from benchmarks.machine import describe
+from benchmarks.procstat import OtherLoad
 from benchmarks.report import Report, Section
 from benchmarks.stack import BenchStack, OrderSender
 from benchmarks.sweep import IN_FLIGHT, SweepBench
@@ -60,7 +61,7 @@ class Plan:
     recovery_trials: int = 3
 
     @classmethod
-    def quick(cls) -> "Plan":
+    def quick(cls) -> Plan:
         return cls(
             serial_ops=40, parallel=(2, 2), parallel_ops=200, op_budget=3.0, study=((1, 1), (1, 4), (4, 1)),
             study_ops=120, transport_reads=80, sweep_history=(0, 1000), sweep_repeats=3, pipeline_orders=200,
@@ -182,6 +183,8 @@ class Runner:
         section = self.report.section(key, title)
         started = time.monotonic()
         load_before = os.getloadavg()[0]
+        other = OtherLoad()
+        other.start()
         try:
             body(section, *args)
         except Exception as error:  # noqa: BLE001 - one phase failing must not lose the others
@@ -189,6 +192,7 @@ class Runner:
             self.console.print(f"[red]{title} failed[/red]:\n{traceback.format_exc()}")
         section.seconds = time.monotonic() - started
         section.load = (load_before, os.getloadavg()[0])
+        section.other_cores = other.stop()
         self.console.print(f"[green]✓[/green] {title} ({section.seconds:.0f} s)")
 
     def _status(self, text: str, total: int | None = None):
@@ -262,7 +266,8 @@ class Runner:
             done = iter(range(1, 10))
             result = ceiling.measure(
                 stack, processes=processes, threads=threads, count=plan.study_ops, budget=plan.op_budget,
-                plan=("table.transaction", "table.update"), sb_queue="bench-study", progress=lambda _: tick(next(done)),
+                plan=("table.transaction", "table.update"), sb_queue="bench-study",
+                progress=lambda _, tick=tick, done=done: tick(next(done)),
             )
             update = result["table.update"]
             study_rows.append([

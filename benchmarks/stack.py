@@ -39,7 +39,7 @@ class BenchStack(LocalStack):
     #: The host command's module; experiments use ``benchmarks.whatif_host``.
     host_module: str = "devtools.funchost"
 
-    def start(self, hosts: int = 1) -> "BenchStack":
+    def start(self, hosts: int = 1) -> BenchStack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._stats_lock = threading.Lock()
         try:
@@ -58,7 +58,7 @@ class BenchStack(LocalStack):
         return self
 
     def _start_emulator(self) -> None:
-        log = open(self.log_dir / "servicebus-emulator.log", "wb")
+        log = open(self.log_dir / "servicebus-emulator.log", "wb")  # noqa: SIM115 - the emulator writes to it until it stops
         args = [sys.executable, "-m", "benchmarks.sbcount", "--port", str(self.servicebus_port)]
         for queue in BENCH_QUEUES:
             args += ["--extra-queue", queue]
