@@ -7,10 +7,13 @@ and the Processed row's ``Timestamp`` (set by Azurite when it committed the writ
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 from azure.data.tables import TableClient
 
@@ -37,10 +40,20 @@ class RunResult:
     cpu: dict[str, float] = field(default_factory=dict)
     sb: dict[str, int] = field(default_factory=dict)
     wall: float = 0.0
+    #: First send -> the commit that made 99% of the orders Processed.
+    seconds_99: float = 0.0
+    #: Function invocations that took 5 s or more (from the host logs), by function.
+    slow_invocations: dict[str, int] = field(default_factory=dict)
+    slowest_ms: int = 0
 
     @property
     def per_second(self) -> float | None:
         return self.processed / self.seconds if self.seconds else None
+
+    @property
+    def per_second_99(self) -> float | None:
+        """Orders/s to the 99th percentile of completions: what stragglers do not skew."""
+        return 0.99 * self.orders / self.seconds_99 if self.seconds_99 else None
 
     def percentile(self, q: int, values: list[float] | None = None) -> float | None:
         values = self.latencies if values is None else values
@@ -102,6 +115,7 @@ def _timestamp(row) -> float | None:
 def _finish(result: RunResult, table: TableClient, prefix: str, sent: dict[str, float], first_send: float) -> None:
     rows = state_rows(table, prefix)
     last = first_send
+    done_at: list[float] = []
     for order_id, at in sent.items():
         row = rows.get(order_id)
         if row is None:
@@ -110,6 +124,7 @@ def _finish(result: RunResult, table: TableClient, prefix: str, sent: dict[str, 
             result.processed += 1
             done = _timestamp(row) or row["UpdatedAt"].timestamp()
             last = max(last, done)
+            done_at.append(done)
             result.latencies.append(done - at)
             result.to_created.append(row["CreatedAt"].timestamp() - at)
         elif row["ProcessState"] == "Error":
@@ -117,6 +132,31 @@ def _finish(result: RunResult, table: TableClient, prefix: str, sent: dict[str, 
     result.latencies.sort()
     result.to_created.sort()
     result.seconds = last - first_send
+    done_at.sort()
+    needed = int(0.99 * result.orders + 0.999)
+    if len(done_at) >= needed:
+        result.seconds_99 = done_at[needed - 1] - first_send
+
+
+_EXECUTED = re.compile(r"Executed 'Functions\.([^']+)' \((?:Succeeded|Failed), Id=[^,]+, Duration=(\d+)ms\)")
+
+
+def slow_invocations(logs: list[Path], offsets: list[int], threshold_ms: int = 5000) -> tuple[Counter[str], int]:
+    """Invocations logged after ``offsets`` that took ``threshold_ms`` or more, by function, and the slowest (ms)."""
+    slow: Counter[str] = Counter()
+    slowest = 0
+    for path, offset in zip(logs, offsets):
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            text = handle.read().decode("utf-8", "replace")
+        for match in _EXECUTED.finditer(text):
+            if match[1] == "run_agent":
+                continue  # the agent's duration is the remote service's
+            duration = int(match[2])
+            slowest = max(slowest, duration)
+            if duration >= threshold_ms:
+                slow[match[1]] += 1
+    return slow, slowest
 
 
 def warm_up(stack: BenchStack, sender: OrderSender, prefix: str, count: int = 20, timeout: float = 60) -> None:
@@ -137,6 +177,8 @@ def throughput(stack: BenchStack, sender: OrderSender, prefix: str, count: int, 
     meter = CpuMeter(stack.pids)
     effects_before = stack.remote.effects()["total"]
     sb_before = stack.sb_counts()
+    logs = list(stack.host_logs)
+    offsets = [path.stat().st_size for path in logs]
     meter.start()
     first_send = time.time()
     sent = sender.send(ids)
@@ -147,6 +189,8 @@ def throughput(stack: BenchStack, sender: OrderSender, prefix: str, count: int, 
     _finish(result, table, prefix, sent, first_send)
     if not finished:
         result.seconds = time.time() - first_send
+    slow, result.slowest_ms = slow_invocations(logs, offsets)
+    result.slow_invocations = dict(slow)
     return result
 
 
