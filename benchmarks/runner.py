@@ -6,9 +6,7 @@ Stacks (each started for the phases that need it, and stopped after them):
 - *app*: plus the fake remote service and local hosts running ``function_app.py``:
   ``latency``, ``pipeline`` (1 host, then 2), ``recovery``;
 - *counted*: the app stack with Azurite writing its debug log (slower, so no timing is
-  taken on it): ``idle``, ``ops``;
-- *experiment*: the app stack with a patched host (``benchmarks.whatif_host``):
-  ``experiments`` (figures beside the targets, never checked against them).
+  taken on it): ``idle``, ``ops``.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from benchmarks.sweep import IN_FLIGHT, SweepBench
 from core import names
 from devtools.localstack import ROOT
 
-PHASES = ("ceiling", "sweep", "latency", "pipeline", "recovery", "idle", "ops", "experiments")
+PHASES = ("ceiling", "sweep", "latency", "pipeline", "recovery", "idle", "ops")
 
 
 @dataclass
@@ -139,17 +137,6 @@ class Runner:
                             self._phase("ops", "Operations per order", self._ops, stack, sender, log)
                     finally:
                         sender.close()
-            if "experiments" in wanted and not self.options.quick:
-                with self._stack(
-                    "experiment", hosts=1, host_module="benchmarks.whatif_host",
-                    settings={"BENCH_HOST_PATCHES": "sb-batch-wait-off"},
-                ) as stack:
-                    sender = OrderSender(stack.servicebus_connection_string)
-                    try:
-                        pipeline.warm_up(stack, sender, "warm-")
-                        self._phase("experiments", "Experiments (not the shipped code)", self._experiments, stack, sender)
-                    finally:
-                        sender.close()
         self.report.machine["duration"] = f"{time.monotonic() - started:.0f} s"
         self._order_sections()
         return self.report
@@ -165,7 +152,7 @@ class Runner:
             shutil.rmtree(self.logs, ignore_errors=True)
 
     def _order_sections(self) -> None:
-        order = {key: i for i, key in enumerate(("ceiling", "pipeline", "ops", "latency", "sweep", "recovery", "idle", "experiments"))}
+        order = {key: i for i, key in enumerate(("ceiling", "pipeline", "ops", "latency", "sweep", "recovery", "idle"))}
         self.report.sections.sort(key=lambda s: order.get(s.key, 99))
 
     @contextmanager
@@ -358,22 +345,18 @@ class Runner:
         result = pipeline.steady(
             stack, sender, "lat-", rate=plan.latency_rate, seconds=plan.latency_seconds, timeout=120, progress=tick
         )
-        self._latency_figures(section, result, targets=True)
+        p50 = result.percentile(50)
+        section.figure("p50", "p50 submission → Processed", p50, "s",
+                       target="≤ 0.5 s", met=p50 <= 0.5 if p50 is not None else None)
+        section.figure("p95", "p95", result.percentile(95), "s")
+        section.figure("p99", "p99", result.percentile(99), "s")
+        section.figure("to_created_p50", "p50 submission → state row written (orders queue + submit_order)",
+                       result.percentile(50, result.to_created), "s")
+        section.figure("processed", "orders Processed", f"{result.processed} / {result.orders}")
         section.intro = (
             f"{count} orders sent one by one at {plan.latency_rate:g} orders/s to one host; latency is from the send "
             "to the commit of the Processed row (its Timestamp), both on this machine's clock."
         )
-
-    def _latency_figures(self, section: Section, result: pipeline.RunResult, *, targets: bool, key: str = "",
-                         label: str = "") -> None:
-        p50 = result.percentile(50)
-        section.figure(f"{key}p50", f"{label}p50 submission → Processed", p50, "s",
-                       target="≤ 0.5 s" if targets else None, met=(p50 <= 0.5) if targets and p50 is not None else None)
-        section.figure(f"{key}p95", f"{label}p95", result.percentile(95), "s")
-        section.figure(f"{key}p99", f"{label}p99", result.percentile(99), "s")
-        section.figure(f"{key}to_created_p50", f"{label}p50 submission → state row written (orders queue + submit_order)",
-                       result.percentile(50, result.to_created), "s")
-        section.figure(f"{key}processed", f"{label}orders Processed", f"{result.processed} / {result.orders}")
 
     def _pipeline(self, section: Section, stack: BenchStack, sender: OrderSender) -> None:
         plan = self.plan
@@ -590,24 +573,5 @@ class Runner:
             f"{count} orders with no faults through one host, counted at the servers: Azurite's debug log "
             "(one line per request; a transaction is one request, as it is one billed transaction in Azure) "
             "and counters wrapped around the Service Bus emulator (benchmarks/sbcount.py)."
-        )
-
-    def _experiments(self, section: Section, stack: BenchStack, sender: OrderSender) -> None:
-        plan = self.plan
-        count = int(plan.latency_rate * plan.latency_seconds)
-        tick = self._counter("experiment: latency with the Service Bus batch-fill wait off", count)
-        result = pipeline.steady(stack, sender, "latx-", rate=plan.latency_rate, seconds=plan.latency_seconds,
-                                 timeout=120, progress=tick)
-        self._latency_figures(section, result, targets=False, key="no_batch_wait.", label="no batch wait: ")
-        tick = self._counter("experiment: throughput with the batch-fill wait off", plan.pipeline_orders)
-        result = pipeline.throughput(stack, sender, "runx-", plan.pipeline_orders, timeout=plan.pipeline_timeout,
-                                     progress=tick)
-        section.figure("no_batch_wait_throughput", "no batch wait: throughput, 1 host", result.per_second, "orders/s")
-        section.intro = (
-            "The same measurements with the local host patched (benchmarks/whatif_host.py), to size a fix "
-            "before anyone makes it. `receive_messages(max_message_count=16)` in the Service Bus SDK keeps "
-            "pulling for 200 ms after the first message arrives, to fill the batch; the local host asks "
-            "for up to maxConcurrentCalls messages per receive, so at a light load every Service Bus hop "
-            "(orders, agent-requests, agent-responses) waits ~200 ms. Here that wait is 0."
         )
 

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from core import clients, names
 from core.settings import Settings
 from devtools import azurite as azurite_launcher
 from devtools import fake_remote
-from devtools.localstack import _READY, ROOT, LocalStack, StackError, _signal, _wait
+from devtools.localstack import ROOT, LocalStack, StackError, _signal, _wait
 
 #: Extra Service Bus queues the ceiling measurement uses (shaped like agent-responses).
 BENCH_QUEUES = ("bench-serial", "bench-parallel", "bench-study")
@@ -36,8 +35,6 @@ class BenchStack(LocalStack):
     azurite_debug_log: Path | None = None
     #: Start the fake remote service (the ceiling and sweep phases need none).
     with_remote: bool = True
-    #: The host command's module; experiments use ``benchmarks.whatif_host``.
-    host_module: str = "devtools.funchost"
 
     def start(self, hosts: int = 1) -> BenchStack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -69,34 +66,6 @@ class BenchStack(LocalStack):
         if not line.startswith("Endpoint="):
             raise StackError(f"the Service Bus emulator did not start (see {log.name})")
         self.servicebus_connection_string = line
-
-    def start_hosts(self, count: int, timeout: float = 60.0) -> None:
-        """As :meth:`LocalStack.start_hosts`, running :attr:`host_module`."""
-        started = []
-        for _ in range(count):
-            path = self.log_dir / f"host-{len(self.hosts) + 1}.log"
-            env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
-            env.pop("WEBSITE_INSTANCE_ID", None)
-            with open(path, "wb") as log:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", self.host_module, "--app-dir", str(ROOT)],
-                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            self.hosts.append(process)
-            self.host_logs.append(path)
-            started.append((process, path))
-        deadline = time.monotonic() + timeout
-        for process, path in started:
-            while True:
-                match = _READY.search(path.read_text(errors="replace"))
-                if match:
-                    if int(match[2]):
-                        raise StackError(f"a host has functions in error; see {path}")
-                    break
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise StackError(f"a host did not start; see {path}")
-                time.sleep(0.1)
 
     def stop_hosts(self, timeout: float = 30.0) -> None:
         """Stop every host (SIGTERM, then SIGKILL at the deadline)."""

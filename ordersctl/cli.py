@@ -9,7 +9,7 @@ import json
 import os
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError

@@ -35,7 +35,7 @@ def servicebus_message(
     delivery_count: int = 1,
 ):
     """A fully populated trigger message, as the Functions host hands it to a function."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from azure.functions.servicebus import ServiceBusMessage
 
