@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -241,3 +242,28 @@ def format_cell(cell) -> str:
     if cell is None:
         return "–"
     return str(cell)
+
+
+# --- the chaos soak's section of BENCHMARKS.md -----------------------------------------
+
+#: ``make soak`` writes its results between these lines; ``make bench`` keeps them.
+SOAK_BEGIN = "<!-- chaos soak results: written by make soak -->"
+SOAK_END = "<!-- end of chaos soak results -->"
+
+
+def soak_section(path: Path) -> str:
+    """The soak's section of an existing report (markers included), or ``""``."""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    begin, end = text.find(SOAK_BEGIN), text.find(SOAK_END)
+    if begin < 0 or end < begin:
+        return ""
+    return text[begin : end + len(SOAK_END)] + "\n"
+
+
+def write_soak_section(path: Path, markdown: str) -> None:
+    """Put ``markdown`` in the report's soak section, replacing the last one or appending it."""
+    section = f"{SOAK_BEGIN}\n{markdown.rstrip()}\n{SOAK_END}\n"
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    old = soak_section(path)
+    text = text.replace(old, section) if old else text.rstrip() + ("\n\n" if text.strip() else "") + section
+    path.write_text(text, encoding="utf-8")

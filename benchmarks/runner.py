@@ -28,7 +28,7 @@ from benchmarks import ceiling, pipeline, recovery
 from benchmarks.azurite_log import FRIENDLY, AzuriteLog, service_of
 from benchmarks.machine import describe
 from benchmarks.procstat import OtherLoad
-from benchmarks.report import Report, Section
+from benchmarks.report import Report, Section, soak_section
 from benchmarks.stack import BenchStack, OrderSender
 from benchmarks.sweep import IN_FLIGHT, SweepBench
 from core import names
@@ -143,7 +143,9 @@ class Runner:
 
     def finish(self) -> None:
         if self.options.out is not None:
-            self.options.out.write_text(self.report.to_markdown(), encoding="utf-8")
+            kept = soak_section(self.options.out)  # the last `make soak` results stay
+            text = self.report.to_markdown() + (f"\n{kept}" if kept else "")
+            self.options.out.write_text(text, encoding="utf-8")
         if self.options.json_out is not None:
             self.options.json_out.write_text(self.report.to_json(), encoding="utf-8")
         if self.options.keep_logs:

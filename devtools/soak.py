@@ -18,6 +18,9 @@ messages sent twice; copies of real agent responses sent again; one host killed
 - then, as the operator: with the faults cleared, every order that exhausted its
   retries is resubmitted (``ordersctl resubmit``) and ends Processed without a second
   effect, so remote effects == Processed orders.
+
+The command writes its figures to the chaos soak section of ``BENCHMARKS.md``
+(``--report``); ``make bench`` keeps that section when it rewrites the file.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQ
 from azure.storage.queue import QueueClient
 from rich.console import Console
 
+from benchmarks.machine import describe
+from benchmarks.report import write_soak_section
 from core import names
 from devtools.demo import order_body
 from devtools.localstack import ROOT, LocalStack
@@ -313,14 +318,67 @@ def print_verdict(v: Verdict) -> None:
                                                      "[red]FAILED: " + "; ".join(v.problems) + "[/red]"))
 
 
+def verdict_markdown(v: Verdict, *, seed: int, machine: dict[str, str]) -> str:
+    """The soak's section of ``BENCHMARKS.md``."""
+    killed = "not killed" if v.host_killed_at is None else f"killed (SIGKILL) at {v.host_killed_at:.1f} s and restarted"
+    dead = "; ".join(
+        f"{queue}: " + ", ".join(f"{reason} {n}" for reason, n in Counter(reasons).items())
+        for queue, reasons in v.dead_letters.items() if reasons
+    )
+    rows = [
+        ("orders", v.orders, "every one terminal"),
+        ("Processed", v.processed, ""),
+        ("Error: permanent refusals", v.error_permanent, "each with one alert"),
+        ("Error: retries exhausted", v.error_exhausted, "each with one alert"),
+        ("Error: unexplained", len(v.error_unexplained), "must be 0"),
+        ("not terminal (Pending or Processing)", len(v.not_terminal), "must be 0"),
+        ("alerts (orders alerted)", f"{sum(v.alerts_by_order.values())} ({len(v.alerts_by_order)})", "= Error orders"),
+        ("remote effects", v.remote_effects, "Processed + exhausted orders whose last answer was late"),
+        ("remote effects applied twice", len(v.applied_twice), "must be 0"),
+        ("exhausted orders with their effect applied (late answer)", v.effects_on_exhausted, ""),
+        ("operator resubmits (exhausted orders)", v.resubmitted, "faults cleared first"),
+        ("Processed after the resubmits", v.processed_after_resubmit, ""),
+        ("remote effects after the resubmits", v.effects_after_resubmit, "= Processed, none twice"),
+        ("duplicate order messages sent", v.duplicates_sent, ""),
+        ("agent responses replayed", v.responses_replayed, ""),
+        ("messages left in queues (alerts aside)", sum(n for q, n in v.leftover.items() if q != names.ALERTS_QUEUE),
+         "must be 0"),
+        ("dead-lettered, by reason", dead or "none", "only expired or over-delivered messages"),
+        ("elapsed", f"{v.elapsed_s} s", ""),
+    ]
+    faults = ", ".join(f"{kind} {rate:.0%}" for kind, rate in SOAK_FAULTS.items())
+    settings = ", ".join(f"`{k}={v_}`" for k, v_ in SOAK_SETTINGS.items())
+    lines = [
+        "## Chaos soak",
+        "",
+        f"`make soak` (`python -m devtools.soak --orders {v.orders} --seed {seed}`), {machine['date']}, "
+        f"{machine['cores']} cores ({machine['cpu']}), Python {machine['python']}: two local hosts (two supervisors), "
+        f"host 1 {killed}; remote faults per call: {faults}; settings: {settings}.",
+        "",
+        "**Result: " + ("all checks passed" if v.ok else "FAILED: " + "; ".join(v.problems)) + "**",
+        "",
+        "| | value | check |",
+        "| --- | ---: | --- |",
+        *(f"| {label} | {value} | {check} |" for label, value, check in rows),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main(
     orders: Annotated[int, typer.Option(min=1)] = 1000,
     seed: Annotated[int, typer.Option()] = 7,
     time_limit: Annotated[float, typer.Option()] = 900.0,
+    report: Annotated[Path, typer.Option(help="Write the figures to this report's chaos soak section.",
+                                         show_default="BENCHMARKS.md")] = (
+        ROOT / "BENCHMARKS.md"
+    ),
 ) -> None:
     """Run the chaos soak and audit the outcome (exit 1 if any check fails)."""
+    machine = describe()
     verdict = run_soak(orders, seed=seed, time_limit=time_limit)
     print_verdict(verdict)
+    write_soak_section(report, verdict_markdown(verdict, seed=seed, machine=machine))
+    console.print(f"figures written to the chaos soak section of {report.name}")
     raise typer.Exit(0 if verdict.ok else 1)
 
 

@@ -9,6 +9,7 @@ import json
 
 from rich.console import Console
 
+from benchmarks.report import write_soak_section
 from benchmarks.runner import Options, Plan, Runner
 
 SMALL = Plan(
@@ -35,6 +36,8 @@ OPERATIONS = [
 
 def test_ceiling_and_sweep_report_every_row(tmp_path):
     out, raw = tmp_path / "BENCHMARKS.md", tmp_path / "bench.json"
+    out.write_text("# Benchmarks\n\nan older run\n")
+    write_soak_section(out, "## Chaos soak\n\nthe last soak's figures\n")
     runner = Runner(
         Options(phases=("ceiling", "sweep"), out=out, json_out=raw, plan=SMALL),
         Console(file=io.StringIO(), width=200),
@@ -63,4 +66,6 @@ def test_ceiling_and_sweep_report_every_row(tmp_path):
     for heading in ("# Benchmarks", "## Machine", "## Targets", "## Ceiling: raw operations", "## Supervisor sweep vs history"):
         assert heading in markdown
     assert "sweep(1,000) / sweep(0)" in markdown
+    assert "an older run" not in markdown
+    assert markdown.count("## Chaos soak") == 1 and "the last soak's figures" in markdown, "the soak's section was lost"
     assert json.loads(raw.read_text())["sections"][0]["key"] == "ceiling"

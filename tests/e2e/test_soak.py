@@ -1,6 +1,8 @@
 """The chaos soak, short form: every failure mode at once on the whole local stack."""
 
-from devtools.soak import print_verdict, run_soak
+from benchmarks.machine import describe
+from benchmarks.report import write_soak_section
+from devtools.soak import print_verdict, run_soak, verdict_markdown
 
 
 def test_short_chaos_soak(tmp_path, report_figure):
@@ -17,3 +19,12 @@ def test_short_chaos_soak(tmp_path, report_figure):
     assert verdict.ok, verdict.problems
     assert verdict.effects_after_resubmit == verdict.processed_after_resubmit
     assert verdict.host_killed_at is not None and verdict.duplicates_sent > 0
+
+    report = tmp_path / "BENCHMARKS.md"
+    report.write_text("# Benchmarks\n")
+    for _ in range(2):  # a second soak replaces the first one's section
+        write_soak_section(report, verdict_markdown(verdict, seed=11, machine=describe()))
+    text = report.read_text()
+    assert text.startswith("# Benchmarks\n") and text.count("## Chaos soak") == 1
+    assert "**Result: all checks passed**" in text
+    assert f"| Processed | {verdict.processed} |" in text
