@@ -1,8 +1,9 @@
 """Service Bus queue trigger: peek-lock through the real SDK, complete on success, abandon on failure.
 
-One pump thread owns the receiver (the SDK's sync handlers are not thread-safe): it
-receives up to ``maxConcurrentCalls`` minus the messages in flight, hands each to a
-pool thread that runs the function, and settles the results the pool hands back:
+One pump thread owns the receiver (the SDK's sync handlers are not thread-safe): while
+fewer than ``maxConcurrentCalls`` messages are in flight it receives one message at a
+time (as the Functions host's processor does), hands each to a pool thread that runs the
+function as soon as it arrives, and settles the results the pool hands back:
 complete after the function returned, abandon when it raised. The queue's max
 delivery count then dead-letters a message that keeps failing (the broker does that,
 as in Azure). While a function runs, its message lock is renewed at half-life, up to
@@ -39,10 +40,6 @@ log = logging.getLogger("funchost")
 
 #: How long one receive call waits for a first message; results are settled between calls.
 RECEIVE_WAIT_SECONDS = 0.5
-#: After a message arrived, how long a receive waits for more before the pump hands them on.
-#: The SDK otherwise keeps a batch receive open 0.2 s after its first message, and that
-#: would add 0.2 s to every hop; the Functions host dispatches each message as it arrives.
-BURST_WAIT_SECONDS = 0.01
 _VIA_PARTITION_KEY = b"x-opt-via-partition-key"
 
 
@@ -244,7 +241,6 @@ class ServiceBusTriggerListener(Listener):
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _pump(self, receiver: ServiceBusReceiver) -> None:
-        burst = False
         while True:
             self._settle_results(receiver)
             self._renew_locks(receiver)
@@ -262,11 +258,10 @@ class ServiceBusTriggerListener(Listener):
                 self._result_signal.wait(0.5)
                 self._result_signal.clear()
                 continue
-            if burst:  # messages are flowing: take what is there, wait briefly for more
-                messages = receiver.receive_messages(max_message_count=free, max_wait_time=BURST_WAIT_SECONDS)
-            else:  # idle: wait for the first message, and return as soon as it is here
-                messages = receiver.receive_messages(max_message_count=1, max_wait_time=RECEIVE_WAIT_SECONDS)
-            burst = bool(messages)
+            # One message per receive, as the Functions host's processor asks for: the call
+            # returns as soon as it arrives, and no link credit outlives the call (a message
+            # the broker delivers after a receive ended is handed back and delivered again).
+            messages = receiver.receive_messages(max_message_count=1, max_wait_time=RECEIVE_WAIT_SECONDS)
             self._receiving = True
             self.ready.set()
             for message in messages:
