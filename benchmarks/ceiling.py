@@ -11,8 +11,7 @@ sizes, in the shape the app and its host use them:
   lock (as ``core.messaging.Publisher`` does);
 - storage-queue receives from one poller thread per process, pages of up to 16
   (host.json ``batchSize``), and Service Bus receives and completes from one pump
-  thread per process, up to 16 per receive (``maxConcurrentCalls``), as the local
-  host does.
+  thread per process, one message per receive call, as the local host does.
 
 Each operation kind runs on its own (a barrier between kinds), for ``count`` operations
 or ``budget`` seconds, whichever comes first. The cost of a kind is wall time per
@@ -50,7 +49,7 @@ OPERATIONS: tuple[tuple[str, str, int], ...] = (
     ("queue.receive", "storage queue receive (pages of ≤16, per message)", 1),
     ("queue.delete", "storage queue delete", 1),
     ("sb.send", "Service Bus send (one message)", 3),
-    ("sb.receive", "Service Bus receive (peek-lock, ≤16 per call, per message)", 3),
+    ("sb.receive", "Service Bus receive (peek-lock, one per call)", 3),
     ("sb.complete", "Service Bus complete", 3),
 )
 PER_ORDER = {kind: n for kind, _, n in OPERATIONS}
@@ -314,7 +313,8 @@ class _Worker:
         while got < count and time.monotonic() < deadline:
             started = time.perf_counter()
             try:
-                batch = self.receiver.receive_messages(max_message_count=min(RECEIVE_BATCH, count - got), max_wait_time=0.5)
+                # One per call, as the local host receives (see devtools/funchost/servicebus_trigger.py).
+                batch = self.receiver.receive_messages(max_message_count=1, max_wait_time=0.5)
             except Exception:  # noqa: BLE001
                 errors += 1
                 continue
