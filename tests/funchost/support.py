@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import TypeVar
 
@@ -60,3 +61,50 @@ def receive_all(connection_string: str, queue: str, count: int, *, timeout: floa
                 receiver.complete_message(message)
                 got.append(message)
     return got
+
+
+def both_triggers(
+    servicebus_emulator, storage_connection_string: str, unique_name, record_dir: Path, *,
+    lock_duration: timedelta, max_delivery_count: int | None = None, **settings: str,
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Fresh queues for the test app's Service Bus and storage-queue functions (only those
+    two enabled), and the host's app settings: ``(env, names)``."""
+    names = {
+        "FH_SB_QUEUE": unique_name("in-"),
+        "FH_SB_OUT_QUEUE": unique_name("out-"),
+        "FH_OUT_QUEUE": unique_name("out-"),
+        "FH_QUEUE": unique_name("in-"),
+        "FH_QUEUE_OUT": unique_name("out-"),
+    }
+    queue_options = {"lock_duration": lock_duration}
+    if max_delivery_count is not None:
+        queue_options["max_delivery_count"] = max_delivery_count
+    servicebus_emulator.declare_queue(names["FH_SB_QUEUE"], **queue_options)
+    servicebus_emulator.declare_queue(names["FH_SB_OUT_QUEUE"])
+    env = {
+        "AzureWebJobsStorage": storage_connection_string,
+        "ServiceBusConnection": servicebus_emulator.connection_string,
+        "FH_RECORD_DIR": str(record_dir),
+        **names,
+        **only("sb_record", "queue_record"),
+        **settings,
+    }
+    return env, names
+
+
+def send_to_both(servicebus_emulator, storage_connection_string: str, names: dict[str, str], body: str, *,
+                 count: int = 1, message_id: str = "m"):
+    """Send ``body`` ``count`` times to both trigger queues; returns the storage queue's
+    client and the storage messages' ids."""
+    from azure.servicebus import ServiceBusClient, ServiceBusMessage
+    from azure.storage.queue import QueueClient
+
+    with (
+        ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client,
+        client.get_queue_sender(names["FH_SB_QUEUE"]) as sender,
+    ):
+        ids = [message_id] if count == 1 else [f"{message_id}{i}" for i in range(count)]
+        sender.send_messages([ServiceBusMessage(body, message_id=i) for i in ids])
+    inbox = QueueClient.from_connection_string(storage_connection_string, names["FH_QUEUE"])
+    queue_ids = {inbox.send_message(b64(body)).id for _ in range(count)}
+    return inbox, queue_ids

@@ -6,10 +6,7 @@ import json
 from collections import Counter
 from datetime import timedelta
 
-from azure.servicebus import ServiceBusClient, ServiceBusMessage
-from azure.storage.queue import QueueClient
-
-from tests.funchost.support import APP_DIR, b64, eventually, only, records
+from tests.funchost.support import APP_DIR, both_triggers, eventually, records, send_to_both
 
 COUNT = 40
 
@@ -17,33 +14,14 @@ COUNT = 40
 def test_two_hosts_share_the_queues_and_no_message_is_handled_twice(
     funchost, servicebus_emulator, storage_connection_string, unique_name, tmp_path, report_figure
 ):
-    names = {
-        "FH_SB_QUEUE": unique_name("in-"),
-        "FH_SB_OUT_QUEUE": unique_name("out-"),
-        "FH_OUT_QUEUE": unique_name("out-"),
-        "FH_QUEUE": unique_name("in-"),
-        "FH_QUEUE_OUT": unique_name("out-"),
-    }
-    servicebus_emulator.declare_queue(names["FH_SB_QUEUE"], lock_duration=timedelta(seconds=30))
-    servicebus_emulator.declare_queue(names["FH_SB_OUT_QUEUE"])
-    env = {
-        "AzureWebJobsStorage": storage_connection_string,
-        "ServiceBusConnection": servicebus_emulator.connection_string,
-        "FH_RECORD_DIR": str(tmp_path),
-        **names,
-        **only("sb_record", "queue_record"),
-    }
+    env, names = both_triggers(
+        servicebus_emulator, storage_connection_string, unique_name, tmp_path, lock_duration=timedelta(seconds=30)
+    )
     hosts = funchost.start(APP_DIR, count=2, env=env)
     assert hosts[0].instance_id != hosts[1].instance_id
 
     body = json.dumps({"sleep": 0.2})
-    with (
-        ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client,
-        client.get_queue_sender(names["FH_SB_QUEUE"]) as sender,
-    ):
-        sender.send_messages([ServiceBusMessage(body, message_id=f"m{i}") for i in range(COUNT)])
-    inbox = QueueClient.from_connection_string(storage_connection_string, names["FH_QUEUE"])
-    queue_ids = {inbox.send_message(b64(body)).id for _ in range(COUNT)}
+    inbox, queue_ids = send_to_both(servicebus_emulator, storage_connection_string, names, body, count=COUNT)
 
     eventually(
         lambda: (

@@ -5,47 +5,18 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusMessage
-from azure.storage.queue import QueueClient
 
-from tests.funchost.support import APP_DIR, b64, eventually, only, records
+from tests.funchost.support import APP_DIR, both_triggers, eventually, records, send_to_both
 
 SHORT = 2  # seconds: the Service Bus lock duration and the storage queue lease in these tests
 
 
 @pytest.fixture
 def short_locks(servicebus_emulator, storage_connection_string, unique_name, tmp_path):
-    names = {
-        "FH_SB_QUEUE": unique_name("in-"),
-        "FH_SB_OUT_QUEUE": unique_name("out-"),
-        "FH_OUT_QUEUE": unique_name("out-"),
-        "FH_QUEUE": unique_name("in-"),
-        "FH_QUEUE_OUT": unique_name("out-"),
-    }
-    servicebus_emulator.declare_queue(
-        names["FH_SB_QUEUE"], lock_duration=timedelta(seconds=SHORT), max_delivery_count=5
+    return both_triggers(
+        servicebus_emulator, storage_connection_string, unique_name, tmp_path,
+        lock_duration=timedelta(seconds=SHORT), max_delivery_count=5, FUNCHOST_QUEUE_LEASE_SECONDS=str(SHORT),
     )
-    servicebus_emulator.declare_queue(names["FH_SB_OUT_QUEUE"])
-    env = {
-        "AzureWebJobsStorage": storage_connection_string,
-        "ServiceBusConnection": servicebus_emulator.connection_string,
-        "FH_RECORD_DIR": str(tmp_path),
-        "FUNCHOST_QUEUE_LEASE_SECONDS": str(SHORT),
-        **names,
-        **only("sb_record", "queue_record"),
-    }
-    return env, names
-
-
-def _send_both(servicebus_emulator, storage_connection_string, names, body: str) -> QueueClient:
-    with (
-        ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client,
-        client.get_queue_sender(names["FH_SB_QUEUE"]) as sender,
-    ):
-        sender.send_messages(ServiceBusMessage(body, message_id="m"))
-    inbox = QueueClient.from_connection_string(storage_connection_string, names["FH_QUEUE"])
-    inbox.send_message(b64(body))
-    return inbox
 
 
 def test_locks_and_leases_are_renewed_while_a_function_outlives_them(
@@ -53,7 +24,7 @@ def test_locks_and_leases_are_renewed_while_a_function_outlives_them(
 ):
     env, names = short_locks
     funchost.start(APP_DIR, env=env)
-    inbox = _send_both(servicebus_emulator, storage_connection_string, names, '{"sleep_first": 3.5}')
+    inbox, _ = send_to_both(servicebus_emulator, storage_connection_string, names, '{"sleep_first": 3.5}')
 
     eventually(lambda: len(records(tmp_path, event="done")) == 2, timeout=30, what="both slow functions to finish")
     # Renewed in time: neither message was handed out a second time while its function ran.
@@ -73,7 +44,7 @@ def test_messages_of_a_killed_host_come_back_to_another_instance(
 ):
     env, names = short_locks
     (victim,) = funchost.start(APP_DIR, env=env)
-    _send_both(servicebus_emulator, storage_connection_string, names, '{"sleep_first": 60}')
+    send_to_both(servicebus_emulator, storage_connection_string, names, '{"sleep_first": 60}')
     eventually(lambda: len(records(tmp_path, event="start")) == 2, what="both functions to start on the first host")
 
     victim.kill()

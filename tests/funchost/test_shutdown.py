@@ -6,42 +6,22 @@ import time
 from datetime import timedelta
 
 import pytest
-from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.storage.queue import QueueClient
 
-from tests.funchost.support import APP_DIR, b64, eventually, only, records
+from tests.funchost.support import APP_DIR, b64, both_triggers, eventually, only, records, send_to_both
 
 
 @pytest.fixture
 def stack(servicebus_emulator, storage_connection_string, unique_name, tmp_path):
-    names = {
-        "FH_SB_QUEUE": unique_name("in-"),
-        "FH_SB_OUT_QUEUE": unique_name("out-"),
-        "FH_OUT_QUEUE": unique_name("out-"),
-        "FH_QUEUE": unique_name("in-"),
-        "FH_QUEUE_OUT": unique_name("out-"),
-    }
-    servicebus_emulator.declare_queue(names["FH_SB_QUEUE"], lock_duration=timedelta(seconds=30))
-    servicebus_emulator.declare_queue(names["FH_SB_OUT_QUEUE"])
-    env = {
-        "AzureWebJobsStorage": storage_connection_string,
-        "ServiceBusConnection": servicebus_emulator.connection_string,
-        "FH_RECORD_DIR": str(tmp_path),
-        **names,
-        **only("sb_record", "queue_record"),
-    }
-    return env, names
+    return both_triggers(
+        servicebus_emulator, storage_connection_string, unique_name, tmp_path, lock_duration=timedelta(seconds=30)
+    )
 
 
 def _start_both(servicebus_emulator, storage_connection_string, names, seconds: float) -> QueueClient:
-    body = f'{{"sleep": {seconds}}}'
-    with (
-        ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client,
-        client.get_queue_sender(names["FH_SB_QUEUE"]) as sender,
-    ):
-        sender.send_messages(ServiceBusMessage(body, message_id="slow"))
-    inbox = QueueClient.from_connection_string(storage_connection_string, names["FH_QUEUE"])
-    inbox.send_message(b64(body))
+    inbox, _ = send_to_both(
+        servicebus_emulator, storage_connection_string, names, f'{{"sleep": {seconds}}}', message_id="slow"
+    )
     return inbox
 
 
