@@ -354,7 +354,7 @@ def verdict_markdown(v: Verdict, *, seed: int, machine: dict[str, str]) -> str:
         f"`make soak` (`python -m devtools.soak --orders {v.orders} --seed {seed}`), {machine['date']}, "
         f"{machine['cores']} cores ({machine['cpu']}), Python {machine['python']}: two local hosts (two supervisors), "
         f"host 1 {killed}; remote faults per call: {faults} (transient, throttle and drop are the "
-        "transient faults; slow answers after the step's deadline, a lost response); settings: {settings}.",
+        f"transient faults; slow answers after the step's deadline, a lost response); settings: {settings}.",
         "",
         "**Result: " + ("all checks passed" if v.ok else "FAILED: " + "; ".join(v.problems)) + "**",
         "",

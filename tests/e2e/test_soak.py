@@ -28,3 +28,4 @@ def test_short_chaos_soak(tmp_path, report_figure):
     assert text.startswith("# Benchmarks\n") and text.count("## Chaos soak") == 1
     assert "**Result: all checks passed**" in text
     assert f"| Processed | {verdict.processed} |" in text
+    assert "`STEP_TIMEOUT_SECONDS=3`" in text and "{" not in text, "the soak's settings are not filled in"
