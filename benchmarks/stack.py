@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import threading
@@ -22,8 +21,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from core import clients, names
 from core.settings import Settings
 from devtools import azurite as azurite_launcher
-from devtools import fake_remote
-from devtools.localstack import ROOT, LocalStack, StackError, _signal, _wait
+from devtools.localstack import LocalStack
 
 #: Extra Service Bus queues the ceiling measurement uses (shaped like agent-responses).
 BENCH_QUEUES = ("bench-serial", "bench-parallel", "bench-study")
@@ -36,48 +34,23 @@ class BenchStack(LocalStack):
     #: Start the fake remote service (the ceiling and sweep phases need none).
     with_remote: bool = True
 
-    def start(self, hosts: int = 1) -> BenchStack:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._stats_lock = threading.Lock()
-        try:
-            self.azurite = azurite_launcher.start(self.storage_ports, debug_log=self.azurite_debug_log)
-            self._start_emulator()
-            if self.with_remote:
-                self.remote = fake_remote.start(
-                    port=self.remote_port, rates=self.remote_rates or None, seed=self.remote_seed,
-                    slow_seconds=self.remote_slow_seconds,
-                )
-            if hosts:
-                self.start_hosts(hosts)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    emulator_stdin = subprocess.PIPE  # sbcount answers "stats" there
 
-    def _start_emulator(self) -> None:
-        log = open(self.log_dir / "servicebus-emulator.log", "wb")  # noqa: SIM115 - the emulator writes to it until it stops
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._stats_lock = threading.Lock()
+
+    def _start_azurite(self):
+        return azurite_launcher.start(self.storage_ports, debug_log=self.azurite_debug_log)
+
+    def _start_remote(self):
+        return super()._start_remote() if self.with_remote else None
+
+    def _emulator_command(self) -> list[str]:
         args = [sys.executable, "-m", "benchmarks.sbcount", "--port", str(self.servicebus_port)]
         for queue in BENCH_QUEUES:
             args += ["--extra-queue", queue]
-        self.emulator = subprocess.Popen(
-            args, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE, start_new_session=True, text=True,
-        )
-        line = self.emulator.stdout.readline().strip()
-        if not line.startswith("Endpoint="):
-            raise StackError(f"the Service Bus emulator did not start (see {log.name})")
-        self.servicebus_connection_string = line
-
-    def stop_hosts(self, timeout: float = 30.0) -> None:
-        """Stop every host (SIGTERM, then SIGKILL at the deadline)."""
-        for process in self.hosts:
-            _signal(process, signal.SIGTERM)
-        for process in self.hosts:
-            _wait(process, timeout)
-
-    def kill_host(self, process: subprocess.Popen) -> None:
-        """SIGKILL a host process (a crash: nothing finishes, nothing is settled)."""
-        _signal(process, signal.SIGKILL)
-        process.wait(10)
+        return args
 
     # -- what the benchmarks read ------------------------------------------------------------
 

@@ -65,18 +65,24 @@ class LocalStack:
         # any that outlived it: grep the mark in /proc/*/environ.
         os.environ.setdefault(STACK_MARK, uuid.uuid4().hex)
         try:
-            self.azurite = azurite_launcher.start(self.storage_ports)
+            self.azurite = self._start_azurite()
             self._provision_storage()
             self._start_emulator()
-            self.remote = fake_remote.start(
-                port=self.remote_port, rates=self.remote_rates or None, seed=self.remote_seed,
-                slow_seconds=self.remote_slow_seconds,
-            )
+            self.remote = self._start_remote()
             self.start_hosts(hosts)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_azurite(self):
+        return azurite_launcher.start(self.storage_ports)
+
+    def _start_remote(self):
+        return fake_remote.start(
+            port=self.remote_port, rates=self.remote_rates or None, seed=self.remote_seed,
+            slow_seconds=self.remote_slow_seconds,
+        )
 
     def _provision_storage(self) -> None:
         """Create the tables and storage queues, as the Bicep does in Azure."""
@@ -91,12 +97,18 @@ class LocalStack:
             for queue in (name, name + names.POISON_SUFFIX):
                 queues.create_queue(queue)
 
+    #: What the emulator process reads on stdin (the benchmarks' counting emulator takes commands there).
+    emulator_stdin = subprocess.DEVNULL
+
+    def _emulator_command(self) -> list[str]:
+        return [sys.executable, "-m", "devtools.servicebus_emulator", "--port", str(self.servicebus_port),
+                "--log-level", "WARNING"]
+
     def _start_emulator(self) -> None:
-        log = open(self.log_dir / "servicebus-emulator.log", "wb")
+        log = open(self.log_dir / "servicebus-emulator.log", "wb")  # noqa: SIM115 - the emulator writes to it until it stops
         self.emulator = subprocess.Popen(
-            [sys.executable, "-m", "devtools.servicebus_emulator", "--port", str(self.servicebus_port),
-             "--log-level", "WARNING"],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, text=True,
+            self._emulator_command(), cwd=ROOT, stdout=subprocess.PIPE, stderr=log, stdin=self.emulator_stdin,
+            start_new_session=True, text=True,
         )
         line = self.emulator.stdout.readline().strip()
         if not line.startswith("Endpoint="):
@@ -144,11 +156,20 @@ class LocalStack:
 
     # -- stopping -----------------------------------------------------------------------
 
-    def stop(self) -> None:
+    def stop_hosts(self, timeout: float = 30.0) -> None:
+        """Stop every host (SIGTERM: they drain; SIGKILL at the deadline)."""
         for process in self.hosts:
             _signal(process, signal.SIGTERM)
         for process in self.hosts:
-            _wait(process, 30)
+            _wait(process, timeout)
+
+    def kill_host(self, process: subprocess.Popen) -> None:
+        """SIGKILL a host process (a crash: nothing finishes, nothing is settled)."""
+        _signal(process, signal.SIGKILL)
+        process.wait(10)
+
+    def stop(self) -> None:
+        self.stop_hosts()
         if self.remote is not None:
             self.remote.stop()
         if self.emulator is not None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -191,8 +190,7 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
             terminal = sum(1 for row in states.values() if row["ProcessState"] in ("Processed", "Error"))
             if kill_host and killed_at is None and terminal >= orders * 0.4:
                 # Crash one host mid-run (no draining), then bring a new one up.
-                stack.hosts[0].send_signal(signal.SIGKILL)
-                stack.hosts[0].wait(10)
+                stack.kill_host(stack.hosts[0])
                 killed_at = time.monotonic() - started
                 console.print(f"killed host 1 at {killed_at:.1f} s ({terminal}/{orders} terminal); restarting it")
                 stack.start_hosts(1)
