@@ -253,8 +253,7 @@ class ServiceBusTriggerListener(Listener):
                 self._result_signal.wait(min(0.2, self.remaining()))
                 self._result_signal.clear()
                 continue
-            free = self._options.max_concurrent_calls - len(self._in_flight)
-            if free <= 0:
+            if len(self._in_flight) >= self._options.max_concurrent_calls:
                 self._result_signal.wait(0.5)
                 self._result_signal.clear()
                 continue
