@@ -18,5 +18,5 @@ def wait_until(check: Callable[[], T], *, timeout: float = 20.0, what: str = "th
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last value {result!r}")
         time.sleep(interval)

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from datetime import timedelta
 from pathlib import Path
-from typing import TypeVar
 
 from tests.polling import wait_until as eventually  # noqa: F401 - the name these tests use
 
 APP_DIR = Path(__file__).resolve().parent / "app"
 FUNCTIONS = ("sb_record", "queue_record", "tick", "tick_on_startup")
-
-T = TypeVar("T")
-
 
 def only(*enabled: str) -> dict[str, str]:
     """App settings that switch off every test-app function except ``enabled``."""
@@ -43,24 +38,6 @@ def b64(text: str | bytes) -> str:
 
 def unb64(text: str) -> str:
     return base64.b64decode(text).decode("utf-8")
-
-
-def receive_all(connection_string: str, queue: str, count: int, *, timeout: float = 10.0, sub_queue=None) -> list:
-    """Receive and complete up to ``count`` Service Bus messages within ``timeout`` seconds."""
-    from azure.servicebus import ServiceBusClient
-
-    got: list = []
-    deadline = time.monotonic() + timeout
-    with (
-        ServiceBusClient.from_connection_string(connection_string) as client,
-        client.get_queue_receiver(queue, sub_queue=sub_queue) as receiver,
-    ):
-        while len(got) < count and time.monotonic() < deadline:
-            wait = max(0.1, min(1.0, deadline - time.monotonic()))
-            for message in receiver.receive_messages(max_message_count=count - len(got), max_wait_time=wait):
-                receiver.complete_message(message)
-                got.append(message)
-    return got
 
 
 def both_triggers(
@@ -108,3 +85,18 @@ def send_to_both(servicebus_emulator, storage_connection_string: str, names: dic
     inbox = QueueClient.from_connection_string(storage_connection_string, names["FH_QUEUE"])
     queue_ids = {inbox.send_message(b64(body)).id for _ in range(count)}
     return inbox, queue_ids
+
+
+def assert_drained(servicebus_emulator, names: dict[str, str], inbox, *, timeout: float = 20.0) -> None:
+    """Wait until nothing is left on either trigger queue: no Service Bus message active,
+    locked, scheduled or dead-lettered, and no storage queue message, leased ones included
+    (a function's record is written before its host settles the message)."""
+
+    def left() -> tuple[dict[str, int], int]:
+        counts = servicebus_emulator.message_counts(names["FH_SB_QUEUE"])
+        return {k: n for k, n in counts.items() if n}, inbox.get_queue_properties().approximate_message_count
+
+    try:
+        eventually(lambda: left() == ({}, 0), timeout=timeout, what="both trigger queues to be empty")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; left (Service Bus by kind, storage queue count): {left()}") from None

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.funchost.support import APP_DIR, both_triggers, eventually, records, send_to_both
+from tests.funchost.support import APP_DIR, assert_drained, both_triggers, eventually, records, send_to_both
 
 SHORT = 2  # seconds: the Service Bus lock duration and the storage queue lease in these tests
 
@@ -29,14 +29,7 @@ def test_locks_and_leases_are_renewed_while_a_function_outlives_them(
     eventually(lambda: len(records(tmp_path, event="done")) == 2, timeout=30, what="both slow functions to finish")
     # Renewed in time: neither message was handed out a second time while its function ran.
     assert len(records(tmp_path, event="start")) == 2
-    eventually(lambda: servicebus_emulator.message_counts(names["FH_SB_QUEUE"])["locked"] == 0, what="completion")
-    assert servicebus_emulator.message_counts(names["FH_SB_QUEUE"]) == {
-        "active": 0,
-        "dead_letter": 0,
-        "scheduled": 0,
-        "locked": 0,
-    }
-    assert list(inbox.peek_messages()) == []
+    assert_drained(servicebus_emulator, names, inbox)
 
 
 def test_messages_of_a_killed_host_come_back_to_another_instance(

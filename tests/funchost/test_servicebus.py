@@ -9,7 +9,8 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from azure.storage.queue import QueueClient
 
-from tests.funchost.support import APP_DIR, eventually, only, receive_all, records, unb64
+from tests.funchost.support import APP_DIR, eventually, only, records, unb64
+from tests.servicebus_helpers import receive
 
 
 @pytest.fixture
@@ -83,7 +84,7 @@ def test_a_message_reaches_the_function_with_every_property_and_outputs_go_out(s
     assert seen["application_properties"] == seen["user_properties"] == properties
 
     # Both outputs went out after the call; the trigger message was completed.
-    (bus_out,) = receive_all(servicebus_emulator.connection_string, names["FH_SB_OUT_QUEUE"], 1)
+    (bus_out,) = receive(servicebus_emulator.connection_string, names["FH_SB_OUT_QUEUE"], 1)
     assert str(bus_out) == "hello"
     texts = eventually(lambda: [m.content for m in storage_out.peek_messages()], what="the storage queue output")
     assert [unb64(text) for text in texts] == ["hello"]
@@ -114,7 +115,7 @@ def test_an_exception_abandons_until_max_delivery_count_dead_letters_it_and_noth
     )
     assert [r["delivery_count"] for r in records(record_dir, "sb_record", "fail")] == [1, 2, 3]
     assert servicebus_emulator.message_counts(names["FH_SB_QUEUE"])["active"] == 0
-    (dead,) = receive_all(
+    (dead,) = receive(
         servicebus_emulator.connection_string, names["FH_SB_QUEUE"], 1, sub_queue=ServiceBusSubQueue.DEAD_LETTER
     )
     assert dead.message_id == "doomed"

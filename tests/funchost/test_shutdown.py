@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from azure.storage.queue import QueueClient
 
-from tests.funchost.support import APP_DIR, b64, both_triggers, eventually, only, records, send_to_both
+from tests.funchost.support import APP_DIR, assert_drained, b64, both_triggers, eventually, only, records, send_to_both
 
 
 @pytest.fixture
@@ -39,13 +39,7 @@ def test_sigterm_lets_in_flight_messages_finish_settles_them_and_exits_cleanly(
 
     assert {r["function"] for r in records(tmp_path, event="done")} == {"sb_record", "queue_record"}
     assert [i.outcome for i in host.invocations()] == ["Succeeded", "Succeeded"]
-    assert servicebus_emulator.message_counts(names["FH_SB_QUEUE"]) == {
-        "active": 0,
-        "dead_letter": 0,
-        "scheduled": 0,
-        "locked": 0,
-    }
-    assert list(inbox.peek_messages()) == []
+    assert_drained(servicebus_emulator, names, inbox)
     assert "funchost stopped:" in host.log_text() and "drained=True" in host.log_text()
 
 

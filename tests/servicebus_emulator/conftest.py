@@ -4,24 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from functools import partial
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusReceivedMessage, ServiceBusReceiver, ServiceBusSender
 
-T = TypeVar("T")
+from tests import polling
 
-
-def wait_until(condition: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.02, what: str = "") -> T:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}; last value {result!r}")
-        time.sleep(interval)
+#: The project's polling helper, with the quicker pace these in-process checks can afford.
+wait_until = partial(polling.wait_until, timeout=10.0, interval=0.02)
 
 
 def receive_exactly(
