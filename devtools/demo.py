@@ -10,7 +10,6 @@ the run (``demo-output/run.png``) and the figures (``demo-output/summary.json``)
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -25,7 +24,9 @@ from rich.live import Live
 from rich.table import Table
 
 from core import names
+from core.store import STATE_ROW
 from devtools.localstack import ROOT, LocalStack
+from devtools.stats import percentile
 from tests.corpus import body_of, load
 
 console = Console()
@@ -118,7 +119,8 @@ def send_orders(connection_string: str, orders: int, invalid: int, sent_at: dict
 
 
 def read_states(table: TableClient) -> list[dict]:
-    return list(table.query_entities("RowKey eq @rk", parameters={"rk": "state"}))
+    """Every order's state row."""
+    return list(table.query_entities("RowKey eq @rk", parameters={"rk": STATE_ROW}))
 
 
 def progress_table(sample: Sample, orders: int, rejected: int, effects: int, started: float) -> Table:
@@ -234,8 +236,8 @@ def run_demo(
             alerts=alerts,
             remote_effects=effects["total"],
             effects_equal_processed=effects["total"] == processed,
-            latency_p50_s=_percentile(latencies, 50),
-            latency_p95_s=_percentile(latencies, 95),
+            latency_p50_s=_rounded(percentile(latencies, 50)),
+            latency_p95_s=_rounded(percentile(latencies, 95)),
             elapsed_s=round(elapsed, 2),
             throughput_per_s=round((orders - (orders - len(latencies))) / elapsed, 2) if elapsed else 0.0,
             samples=samples,
@@ -249,12 +251,8 @@ def count_alerts(connection_string: str) -> int:
             return len(receiver.peek_messages(max_message_count=1000))
 
 
-def _percentile(values: list[float], q: int) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return round(values[0], 3)
-    return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1], 3)
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def print_summary(summary: Summary) -> None:

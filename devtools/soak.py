@@ -46,7 +46,7 @@ from rich.console import Console
 from benchmarks.machine import describe
 from benchmarks.report import write_soak_section
 from core import names
-from devtools.demo import order_body
+from devtools.demo import order_body, read_states
 from devtools.localstack import ROOT, LocalStack
 
 console = Console()
@@ -78,7 +78,8 @@ class Verdict:
     processed: int
     errors: int
     error_permanent: int
-    error_exhausted: int
+    #: Orders in Error because their retries ran out (the operator resubmits them).
+    exhausted: list[str]
     error_unexplained: list[str]
     not_terminal: list[str]
     remote_effects: int
@@ -89,12 +90,16 @@ class Verdict:
     host_killed_at: float | None
     leftover: dict[str, int]
     dead_letters: dict[str, list[str]]
-    elapsed_s: float
+    elapsed_s: float = 0.0
     problems: list[str] = field(default_factory=list)
     effects_on_exhausted: int = 0
     resubmitted: int = 0
     effects_after_resubmit: int | None = None
     processed_after_resubmit: int | None = None
+
+    @property
+    def error_exhausted(self) -> int:
+        return len(self.exhausted)
 
     @property
     def ok(self) -> bool:
@@ -186,7 +191,7 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
         deadline = started + time_limit
         states: dict[str, dict] = {}
         while time.monotonic() < deadline:
-            states = {row["OrderId"]: row for row in table.query_entities("RowKey eq @rk", parameters={"rk": "state"})}
+            states = {row["OrderId"]: row for row in read_states(table)}
             terminal = sum(1 for row in states.values() if row["ProcessState"] in ("Processed", "Error"))
             if kill_host and killed_at is None and terminal >= orders * 0.4:
                 # Crash one host mid-run (no draining), then bring a new one up.
@@ -216,19 +221,18 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
         alerts = read_alerts(stack.servicebus_connection_string)
         effects = stack.remote.effects()
         leftover, dead = queue_leftovers(stack)
-        verdict = _audit(orders, states, effects, alerts, duplicates, counter["replayed"], killed_at, leftover, dead,
-                         time.monotonic() - started)
+        verdict = _audit(orders, states, effects, alerts, duplicates, counter["replayed"], killed_at, leftover, dead)
         if not verdict.not_terminal:
-            operator_phase(stack, table, verdict, states)
+            operator_phase(stack, table, verdict)
     verdict.elapsed_s = round(time.monotonic() - started, 1)
     return verdict
 
 
-def operator_phase(stack: LocalStack, table: TableClient, verdict: Verdict, states: dict[str, dict]) -> None:
+def operator_phase(stack: LocalStack, table: TableClient, verdict: Verdict) -> None:
     """Act as the operator: with the remote's faults cleared, resubmit every order that
     exhausted its retries. Each must end Processed, and the remote must see no second
     effect (the step keeps its idempotency key), so effects == Processed afterwards."""
-    exhausted = [o for o, row in states.items() if (row.get("LastError") or "").startswith("gave up after")]
+    exhausted = verdict.exhausted
     stack.remote.set_faults()
     for order_id in exhausted:
         resubmitted = subprocess.run(
@@ -245,8 +249,7 @@ def operator_phase(stack: LocalStack, table: TableClient, verdict: Verdict, stat
             break
         time.sleep(0.5)
     effects = stack.remote.effects()
-    processed = sum(1 for row in table.query_entities("RowKey eq @rk", parameters={"rk": "state"})
-                    if row["ProcessState"] == "Processed")
+    processed = sum(1 for row in read_states(table) if row["ProcessState"] == "Processed")
     verdict.resubmitted = len(exhausted)
     verdict.effects_after_resubmit = effects["total"]
     verdict.processed_after_resubmit = processed
@@ -256,7 +259,7 @@ def operator_phase(stack: LocalStack, table: TableClient, verdict: Verdict, stat
         verdict.problems.append(f"after the operator's resubmits: remote effects {effects['total']} != processed {processed}")
 
 
-def _audit(orders, states, effects, alerts, duplicates, replayed, killed_at, leftover, dead, elapsed) -> Verdict:
+def _audit(orders, states, effects, alerts, duplicates, replayed, killed_at, leftover, dead) -> Verdict:
     processed = [o for o, row in states.items() if row["ProcessState"] == "Processed"]
     errors = {o: row for o, row in states.items() if row["ProcessState"] == "Error"}
     permanent = [o for o, row in errors.items() if "HTTP 422" in (row.get("LastError") or "")]
@@ -267,10 +270,10 @@ def _audit(orders, states, effects, alerts, duplicates, replayed, killed_at, lef
     twice = sorted(o for o, n in effects["by_order"].items() if n > 1)
     v = Verdict(
         orders=orders, processed=len(processed), errors=len(errors), error_permanent=len(permanent),
-        error_exhausted=len(exhausted), error_unexplained=unexplained, not_terminal=not_terminal,
+        exhausted=exhausted, error_unexplained=unexplained, not_terminal=not_terminal,
         remote_effects=effects["total"], applied_twice=twice, alerts_by_order=dict(alerts),
         duplicates_sent=duplicates, responses_replayed=replayed, host_killed_at=killed_at,
-        leftover=leftover, dead_letters=dead, elapsed_s=round(elapsed, 1),
+        leftover=leftover, dead_letters=dead,
     )
     if not_terminal:
         v.problems.append(f"{len(not_terminal)} orders not terminal: {not_terminal[:5]}")
