@@ -36,6 +36,7 @@ from datetime import timedelta
 from typing import Any
 
 from benchmarks.procstat import CpuMeter
+from devtools.stats import percentile
 
 #: (kind, label, operations per order on the app's minimal path).
 OPERATIONS: tuple[tuple[str, str, int], ...] = (
@@ -53,7 +54,6 @@ OPERATIONS: tuple[tuple[str, str, int], ...] = (
     ("sb.complete", "Service Bus complete", 3),
 )
 PER_ORDER = {kind: n for kind, _, n in OPERATIONS}
-LABELS = {kind: label for kind, label, _ in OPERATIONS}
 PER_ORDER_WHY = (
     "Operations per order on the app's path with no faults: submit = index upsert + one "
     "transaction (order + state rows); schedule = one If-Match update (the nudge carries the "
@@ -102,11 +102,7 @@ class KindResult:
         return self.ops / self.seconds if self.ops and self.seconds else None
 
     def latency(self, q: int) -> float | None:
-        if not self.latencies_ms:
-            return None
-        if len(self.latencies_ms) == 1:
-            return self.latencies_ms[0]
-        return statistics.quantiles(self.latencies_ms, n=100, method="inclusive")[q - 1]
+        return percentile(self.latencies_ms, q)
 
     def cpu_ms(self, who: str) -> float | None:
         if not self.ops:
@@ -395,14 +391,14 @@ def measure(
     server_cpu: dict[str, dict[str, float]] = {}
     failure = None
     try:
-        for kind in plan:
+        for done, kind in enumerate(plan, 1):
             meter = CpuMeter(servers)
             barrier.wait(timeout=300)
             meter.start()
             barrier.wait(timeout=300)
             server_cpu[kind] = meter.stop()
             if progress is not None:
-                progress(kind)
+                progress(done)  # kinds measured so far
     except threading.BrokenBarrierError:
         failure = "a worker failed"
     collected: list[tuple[int, list[dict[str, Any]], str | None]] = []

@@ -8,7 +8,6 @@ and the Processed row's ``Timestamp`` (set by Azurite when it committed the writ
 from __future__ import annotations
 
 import re
-import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from azure.data.tables import TableClient
 from benchmarks.procstat import CpuMeter
 from benchmarks.stack import BenchStack, OrderSender
 from core.store import ACTIVE_PARTITION, STATE_ROW
+from devtools.stats import percentile
 
 
 class Timeout(RuntimeError):
@@ -38,7 +38,6 @@ class RunResult:
     #: Send -> state row created (the orders queue and submit_order), per order (seconds).
     to_created: list[float] = field(default_factory=list)
     cpu: dict[str, float] = field(default_factory=dict)
-    sb: dict[str, int] = field(default_factory=dict)
     wall: float = 0.0
     #: First send -> the commit that made 99% of the orders Processed.
     seconds_99: float = 0.0
@@ -56,12 +55,7 @@ class RunResult:
         return 0.99 * self.orders / self.seconds_99 if self.seconds_99 else None
 
     def percentile(self, q: int, values: list[float] | None = None) -> float | None:
-        values = self.latencies if values is None else values
-        if not values:
-            return None
-        if len(values) == 1:
-            return values[0]
-        return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+        return percentile(self.latencies if values is None else values, q)
 
 
 def state_rows(table: TableClient, prefix: str) -> dict[str, dict]:
@@ -105,11 +99,13 @@ def wait_done(stack: BenchStack, table: TableClient, prefix: str, count: int, ef
     return True
 
 
-def _timestamp(row) -> float | None:
+def processed_at(row) -> float:
+    """When a Processed state row was committed: its Table Timestamp (the server's
+    clock), else the app's UpdatedAt."""
     value = row.metadata.get("timestamp")
     if isinstance(value, datetime):
         return value.timestamp()
-    return None
+    return row["UpdatedAt"].timestamp()
 
 
 def _finish(result: RunResult, table: TableClient, prefix: str, sent: dict[str, float], first_send: float) -> None:
@@ -122,7 +118,7 @@ def _finish(result: RunResult, table: TableClient, prefix: str, sent: dict[str, 
             continue
         if row["ProcessState"] == "Processed":
             result.processed += 1
-            done = _timestamp(row) or row["UpdatedAt"].timestamp()
+            done = processed_at(row)
             last = max(last, done)
             done_at.append(done)
             result.latencies.append(done - at)
@@ -176,7 +172,6 @@ def throughput(stack: BenchStack, sender: OrderSender, prefix: str, count: int, 
     result = RunResult(count)
     meter = CpuMeter(stack.pids)
     effects_before = stack.remote.effects()["total"]
-    sb_before = stack.sb_counts()
     logs = list(stack.host_logs)
     offsets = [path.stat().st_size for path in logs]
     meter.start()
@@ -185,7 +180,6 @@ def throughput(stack: BenchStack, sender: OrderSender, prefix: str, count: int, 
     finished = wait_done(stack, table, prefix, count, effects_before, timeout=timeout, progress=progress)
     result.cpu = meter.stop()
     result.wall = result.cpu.pop("wall")
-    result.sb = _delta(stack.sb_counts(), sb_before)
     _finish(result, table, prefix, sent, first_send)
     if not finished:
         result.seconds = time.time() - first_send
@@ -217,5 +211,6 @@ def steady(stack: BenchStack, sender: OrderSender, prefix: str, *, rate: float, 
     return result
 
 
-def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    """What each counter gained from ``before`` to ``after`` (counters that did not move left out)."""
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}

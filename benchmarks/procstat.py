@@ -9,18 +9,25 @@ import time
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds of a process so far; None if it cannot be read."""
-    if pid is None:
-        return None
+def _stat(pid: int | str) -> list[bytes] | None:
+    """The fields of /proc/<pid>/stat after the command name; None if it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             data = handle.read()
     except OSError:
         return None
     # The command name is in parentheses and may hold spaces: split after the last ')'.
-    fields = data[data.rindex(b")") + 2 :].split()
+    return data[data.rindex(b")") + 2 :].split()
+
+
+def _cpu(fields: list[bytes]) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of a process so far; None if it cannot be read."""
+    fields = _stat(pid) if pid is not None else None
+    return _cpu(fields) if fields is not None else None
 
 
 class CpuMeter:
@@ -71,14 +78,9 @@ def own_cpu_seconds() -> float:
     for entry in entries:
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                data = handle.read()
-        except OSError:
-            continue
-        fields = data[data.rindex(b")") + 2 :].split()
-        if fields[1].decode() == me:
-            total += (int(fields[11]) + int(fields[12])) / _TICK
+        fields = _stat(entry)
+        if fields is not None and fields[1].decode() == me:
+            total += _cpu(fields)
     return total
 
 

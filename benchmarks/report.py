@@ -82,12 +82,6 @@ class Report:
     def figures(self) -> dict[str, Figure]:
         return {f.key: f for s in self.sections for f in s.figures}
 
-    def get(self, key: str) -> Figure | None:
-        return self.figures().get(key)
-
-    def targets(self) -> list[Figure]:
-        return [f for s in self.sections for f in s.figures if f.target]
-
     def _contention_warning(self) -> list[str]:
         busy = [s for s in self.sections if s.other_cores is not None and s.other_cores >= 0.25]
         if not busy:
@@ -253,7 +247,10 @@ SOAK_END = "<!-- end of chaos soak results -->"
 
 def soak_section(path: Path) -> str:
     """The soak's section of an existing report (markers included), or ``""``."""
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    return _soak_section_of(path.read_text(encoding="utf-8") if path.exists() else "")
+
+
+def _soak_section_of(text: str) -> str:
     begin, end = text.find(SOAK_BEGIN), text.find(SOAK_END)
     if begin < 0 or end < begin:
         return ""
@@ -264,6 +261,6 @@ def write_soak_section(path: Path, markdown: str) -> None:
     """Put ``markdown`` in the report's soak section, replacing the last one or appending it."""
     section = f"{SOAK_BEGIN}\n{markdown.rstrip()}\n{SOAK_END}\n"
     text = path.read_text(encoding="utf-8") if path.exists() else ""
-    old = soak_section(path)
+    old = _soak_section_of(text)
     text = text.replace(old, section) if old else text.rstrip() + ("\n\n" if text.strip() else "") + section
     path.write_text(text, encoding="utf-8")

@@ -202,17 +202,15 @@ class Runner:
         kinds = tuple(kind for kind, _, _ in ceiling.OPERATIONS)
         section.intro = ceiling.__doc__.split("\n\n", 1)[1].strip()
         tick = self._counter("ceiling: one client, one thread", len(kinds))
-        done = iter(range(1, 100))
         serial = ceiling.measure(
             stack, processes=1, threads=1, count=plan.serial_ops, budget=plan.op_budget, plan=kinds,
-            sb_queue="bench-serial", progress=lambda _: tick(next(done)),
+            sb_queue="bench-serial", progress=tick,
         )
         processes, threads = plan.parallel
         tick = self._counter(f"ceiling: {processes} processes x {threads} threads", len(kinds))
-        done = iter(range(1, 100))
         parallel = ceiling.measure(
             stack, processes=processes, threads=threads, count=plan.parallel_ops, budget=plan.op_budget, plan=kinds,
-            sb_queue="bench-parallel", progress=lambda _: tick(next(done)),
+            sb_queue="bench-parallel", progress=tick,
         )
         self.results["ceiling"] = parallel
         rows = []
@@ -252,11 +250,9 @@ class Runner:
         study_rows = []
         for processes, threads in plan.study:
             tick = self._counter(f"ceiling: updates with {processes}×{threads}", 2)
-            done = iter(range(1, 10))
             result = ceiling.measure(
                 stack, processes=processes, threads=threads, count=plan.study_ops, budget=plan.op_budget,
-                plan=("table.transaction", "table.update"), sb_queue="bench-study",
-                progress=lambda _, tick=tick, done=done: tick(next(done)),
+                plan=("table.transaction", "table.update"), sb_queue="bench-study", progress=tick,
             )
             update = result["table.update"]
             study_rows.append([
@@ -474,7 +470,7 @@ class Runner:
         minutes = (t1 - t0) / 60
         operations = log.since(start, end)
         self.results["idle"] = (operations, t1 - t0)
-        sb = pipeline._delta(sb_after, sb_before)
+        sb = pipeline.delta(sb_after, sb_before)
         rows = [[FRIENDLY.get(op, op), n / minutes] for op, n in sorted(operations.by_operation.items())]
         rows += [[f"Service Bus {kind}", n / minutes] for kind, n in sorted(sb.items())]
         section.table(f"per minute, one host, no orders ({seconds:g} s window)", ["operation", "per minute"], rows)
@@ -519,10 +515,10 @@ class Runner:
             raise pipeline.Timeout(f"the {count} orders were not all processed")
         expected = f"settle.accepted {names.AGENT_RESPONSES_QUEUE}"
         deadline = time.monotonic() + 10
-        while pipeline._delta(stack.sb_counts(), sb_before).get(expected, 0) < count and time.monotonic() < deadline:
+        while pipeline.delta(stack.sb_counts(), sb_before).get(expected, 0) < count and time.monotonic() < deadline:
             time.sleep(0.1)
         end, t2 = log.mark(), time.monotonic()
-        sb = pipeline._delta(stack.sb_counts(), sb_before)
+        sb = pipeline.delta(stack.sb_counts(), sb_before)
         operations = log.since(idle_end, end)
         idle_rate = {op: n / max(idle_seconds, 1e-9) for op, n in idle.by_operation.items()}
         rows = []

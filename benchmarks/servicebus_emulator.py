@@ -27,18 +27,12 @@ from pathlib import Path
 import azure.servicebus
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiver, ServiceBusSender
 
+from benchmarks.procstat import cpu_seconds
+
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = 100
 TARGET_BATCHED_RATE = 1000.0
 TARGET_CPU_RATIO = 0.5
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of another process so far (Linux /proc)."""
-    with open(f"/proc/{pid}/stat", "rb") as handle:
-        data = handle.read()
-    fields = data[data.rindex(b")") + 2 :].split()  # the command name may contain spaces
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -73,7 +67,7 @@ class Emulator:
             raise SystemExit("the emulator did not start")
 
     def cpu(self) -> float:
-        return process_cpu_seconds(self.process.pid)
+        return cpu_seconds(self.process.pid)
 
     def stop(self) -> None:
         self.process.terminate()

@@ -39,6 +39,7 @@ class BenchStack(LocalStack):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._stats_lock = threading.Lock()
+        self._tables = None
 
     def _start_azurite(self):
         return azurite_launcher.start(self.storage_ports, debug_log=self.azurite_debug_log)
@@ -84,7 +85,10 @@ class BenchStack(LocalStack):
         return Settings(**values)
 
     def table(self, name: str = names.ORDERS_TABLE) -> TableClient:
-        return clients.table_service(self.settings_object()).get_table_client(name)
+        """A client of one of the stack's tables; all share one service client (one pool)."""
+        if self._tables is None:
+            self._tables = clients.table_service(self.settings_object())
+        return self._tables.get_table_client(name)
 
     def alive_hosts(self) -> list[subprocess.Popen]:
         return [host for host in self.hosts if host.poll() is None]
