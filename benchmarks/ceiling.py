@@ -120,10 +120,10 @@ class _Payloads:
     """Entities and message bodies of the app's real shapes and sizes."""
 
     def __init__(self) -> None:
-        from benchmarks.stack import order_body
         from core import lifecycle
         from core.models import STEP, AgentRequest, Nudge, OrderRequest, idempotency_key, utcnow
         from core.store import ORDER_ROW, state_to_entity
+        from devtools.demo import order_body
 
         now = utcnow()
         order = OrderRequest.model_validate_json(order_body("bench-000000", 3))

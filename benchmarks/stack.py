@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from azure.data.tables import TableClient
-from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus import ServiceBusClient
 
 from core import clients, names
 from core.settings import Settings
 from devtools import azurite as azurite_launcher
+from devtools.demo import order_message
 from devtools.localstack import LocalStack
 
 #: Extra Service Bus queues the ceiling measurement uses (shaped like agent-responses).
@@ -94,12 +95,6 @@ class BenchStack(LocalStack):
         return [host for host in self.hosts if host.poll() is None]
 
 
-def order_body(order_id: str, i: int) -> bytes:
-    from devtools.demo import order_body as demo_body
-
-    return demo_body(order_id, i)
-
-
 class OrderSender:
     """Sends orders like any client: one ServiceBusClient and sender, reused."""
 
@@ -112,11 +107,7 @@ class OrderSender:
         sent: dict[str, float] = {}
         for first in range(0, len(order_ids), 100):
             chunk = order_ids[first : first + 100]
-            batch = [
-                ServiceBusMessage(order_body(order_id, start_index + first + n), message_id=order_id,
-                                  content_type="application/json")
-                for n, order_id in enumerate(chunk)
-            ]
+            batch = [order_message(order_id, start_index + first + n) for n, order_id in enumerate(chunk)]
             at = time.time()
             self.sender.send_messages(batch)
             sent.update({order_id: at for order_id in chunk})

@@ -17,11 +17,11 @@ from datetime import timedelta
 
 from azure.data.tables import TableClient
 
-from benchmarks.stack import order_body
 from core import clients, lifecycle, names
 from core.messaging import Nudger, Publisher
 from core.models import OrderRequest, ProcessState, utcnow
 from core.store import ORDER_ROW, StateStore, state_to_entity
+from devtools.demo import order_body
 from supervisor.supervision import policy_from, sweep
 
 IN_FLIGHT = 100

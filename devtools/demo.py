@@ -85,6 +85,12 @@ def order_body(order_id: str, i: int) -> bytes:
     ).encode()
 
 
+def order_message(order_id: str, i: int) -> ServiceBusMessage:
+    """An order as a client sends it: the JSON body, with the order id as MessageId (the
+    orders queue's duplicate-detection key)."""
+    return ServiceBusMessage(order_body(order_id, i), message_id=order_id, content_type="application/json")
+
+
 def send_orders(connection_string: str, orders: int, invalid: int, sent_at: dict[str, float]) -> None:
     """Send the orders (and a few bad messages from the corpus) like any client would.
 
@@ -103,7 +109,7 @@ def send_orders(connection_string: str, orders: int, invalid: int, sent_at: dict
 
             for i in range(orders):
                 order_id = f"demo-{i:05d}"
-                batch.append(ServiceBusMessage(order_body(order_id, i), message_id=order_id, content_type="application/json"))
+                batch.append(order_message(order_id, i))
                 if len(batch) == 20:
                     flush()
                 if i % 40 == 20 and bad:  # sprinkle the invalid ones among the valid

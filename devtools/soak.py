@@ -46,7 +46,7 @@ from rich.console import Console
 from benchmarks.machine import describe
 from benchmarks.report import write_soak_section
 from core import names
-from devtools.demo import order_body, read_states
+from devtools.demo import order_message, read_states
 from devtools.localstack import ROOT, LocalStack
 
 console = Console()
@@ -181,10 +181,9 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
                 for start in range(0, orders, 50):
                     batch = []
                     for i in range(start, min(start + 50, orders)):
-                        body = order_body(ids[i], i)
-                        batch.append(ServiceBusMessage(body, message_id=ids[i], content_type="application/json"))
-                        if rng.random() < duplicate_share:
-                            batch.append(ServiceBusMessage(body, message_id=ids[i], content_type="application/json"))
+                        batch.append(order_message(ids[i], i))
+                        if rng.random() < duplicate_share:  # the same order again, same message id
+                            batch.append(order_message(ids[i], i))
                             duplicates += 1
                     sender.send_messages(batch)
         killed_at = None
