@@ -12,15 +12,25 @@ from urllib3.util.retry import Retry
 
 from core.settings import Settings
 
-#: Azurite's documented development account (what ``UseDevelopmentStorage=true`` means).
-_DEV_ACCOUNT = "devstoreaccount1"
-_DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-DEVELOPMENT_STORAGE = (
-    f"DefaultEndpointsProtocol=http;AccountName={_DEV_ACCOUNT};AccountKey={_DEV_KEY};"
-    f"BlobEndpoint=http://127.0.0.1:10000/{_DEV_ACCOUNT};"
-    f"QueueEndpoint=http://127.0.0.1:10001/{_DEV_ACCOUNT};"
-    f"TableEndpoint=http://127.0.0.1:10002/{_DEV_ACCOUNT};"
-)
+#: Azurite's development account: the fixed name and key that every storage emulator
+#: accepts, published in Microsoft's Azurite docs. Not a secret; it opens nothing in Azure.
+DEV_ACCOUNT = "devstoreaccount1"
+DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+def development_storage(blob: int = 10000, queue: int = 10001, table: int = 10002) -> str:
+    """The connection string of an Azurite on 127.0.0.1 with these ports."""
+    host = "http://127.0.0.1"
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={DEV_ACCOUNT};AccountKey={DEV_KEY};"
+        f"BlobEndpoint={host}:{blob}/{DEV_ACCOUNT};"
+        f"QueueEndpoint={host}:{queue}/{DEV_ACCOUNT};"
+        f"TableEndpoint={host}:{table}/{DEV_ACCOUNT};"
+    )
+
+
+#: What ``UseDevelopmentStorage=true`` means: Azurite on its well-known ports.
+DEVELOPMENT_STORAGE = development_storage()
 
 
 def storage_connection_string(value: str) -> str:

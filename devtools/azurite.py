@@ -17,12 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.clients import development_storage
+
 ROOT = Path(__file__).resolve().parent.parent
 AZURITE_BIN = ROOT / "node_modules" / ".bin" / "azurite"
-
-#: Azurite's fixed, publicly documented development account and key.
-ACCOUNT = "devstoreaccount1"
-ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 _LISTENING = re.compile(r"Azurite (Blob|Queue|Table) service is successfully listening at http://127\.0\.0\.1:(\d+)")
 
@@ -39,13 +37,7 @@ class Azurite:
 
     @property
     def connection_string(self) -> str:
-        host = "http://127.0.0.1"
-        return (
-            f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
-            f"BlobEndpoint={host}:{self.ports['Blob']}/{ACCOUNT};"
-            f"QueueEndpoint={host}:{self.ports['Queue']}/{ACCOUNT};"
-            f"TableEndpoint={host}:{self.ports['Table']}/{ACCOUNT};"
-        )
+        return development_storage(self.ports["Blob"], self.ports["Queue"], self.ports["Table"])
 
     def stop(self) -> None:
         if self.process.poll() is None:
