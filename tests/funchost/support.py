@@ -40,12 +40,13 @@ def unb64(text: str) -> str:
     return base64.b64decode(text).decode("utf-8")
 
 
-def both_triggers(
+def host_env(
     servicebus_emulator, storage_connection_string: str, unique_name, record_dir: Path, *,
-    lock_duration: timedelta, max_delivery_count: int | None = None, **settings: str,
+    lock_duration: timedelta, max_delivery_count: int | None = None,
+    enabled: tuple[str, ...] = ("sb_record", "queue_record"), **settings: str,
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """Fresh queues for the test app's Service Bus and storage-queue functions (only those
-    two enabled), and the host's app settings: ``(env, names)``."""
+    """Fresh queues for the test app's Service Bus and storage-queue functions, and the
+    host's app settings with only ``enabled`` functions on: ``(env, names)``."""
     names = {
         "FH_SB_QUEUE": unique_name("in-"),
         "FH_SB_OUT_QUEUE": unique_name("out-"),
@@ -63,7 +64,7 @@ def both_triggers(
         "ServiceBusConnection": servicebus_emulator.connection_string,
         "FH_RECORD_DIR": str(record_dir),
         **names,
-        **only("sb_record", "queue_record"),
+        **only(*enabled),
         **settings,
     }
     return env, names

@@ -6,7 +6,7 @@ import json
 from collections import Counter
 from datetime import timedelta
 
-from tests.funchost.support import APP_DIR, assert_drained, both_triggers, eventually, records, send_to_both
+from tests.funchost.support import APP_DIR, assert_drained, eventually, host_env, records, send_to_both
 
 COUNT = 40
 
@@ -14,7 +14,7 @@ COUNT = 40
 def test_two_hosts_share_the_queues_and_no_message_is_handled_twice(
     funchost, servicebus_emulator, storage_connection_string, unique_name, tmp_path, report_figure
 ):
-    env, names = both_triggers(
+    env, names = host_env(
         servicebus_emulator, storage_connection_string, unique_name, tmp_path, lock_duration=timedelta(seconds=30)
     )
     hosts = funchost.start(APP_DIR, count=2, env=env)

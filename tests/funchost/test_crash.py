@@ -6,14 +6,14 @@ from datetime import timedelta
 
 import pytest
 
-from tests.funchost.support import APP_DIR, assert_drained, both_triggers, eventually, records, send_to_both
+from tests.funchost.support import APP_DIR, assert_drained, eventually, host_env, records, send_to_both
 
 SHORT = 2  # seconds: the Service Bus lock duration and the storage queue lease in these tests
 
 
 @pytest.fixture
 def short_locks(servicebus_emulator, storage_connection_string, unique_name, tmp_path):
-    return both_triggers(
+    return host_env(
         servicebus_emulator, storage_connection_string, unique_name, tmp_path,
         lock_duration=timedelta(seconds=SHORT), max_delivery_count=5, FUNCHOST_QUEUE_LEASE_SECONDS=str(SHORT),
     )

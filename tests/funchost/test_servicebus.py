@@ -9,26 +9,16 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from azure.storage.queue import QueueClient
 
-from tests.funchost.support import APP_DIR, eventually, only, records, unb64
+from tests.funchost.support import APP_DIR, eventually, host_env, records, unb64
 from tests.servicebus_helpers import receive
 
 
 @pytest.fixture
 def sb_host(funchost, servicebus_emulator, storage_connection_string, unique_name, tmp_path):
-    names = {
-        "FH_SB_QUEUE": unique_name("in-"),
-        "FH_SB_OUT_QUEUE": unique_name("out-"),
-        "FH_OUT_QUEUE": unique_name("out-"),
-    }
-    servicebus_emulator.declare_queue(names["FH_SB_QUEUE"], max_delivery_count=3, lock_duration=timedelta(seconds=10))
-    servicebus_emulator.declare_queue(names["FH_SB_OUT_QUEUE"])
-    env = {
-        "AzureWebJobsStorage": storage_connection_string,
-        "ServiceBusConnection": servicebus_emulator.connection_string,
-        "FH_RECORD_DIR": str(tmp_path),
-        **names,
-        **only("sb_record"),
-    }
+    env, names = host_env(
+        servicebus_emulator, storage_connection_string, unique_name, tmp_path,
+        lock_duration=timedelta(seconds=10), max_delivery_count=3, enabled=("sb_record",),
+    )
     (host,) = funchost.start(APP_DIR, env=env)
     return host, names, QueueClient.from_connection_string(storage_connection_string, names["FH_OUT_QUEUE"]), tmp_path
 
@@ -138,19 +128,13 @@ def _most_at_once(started: list[dict], finished: list[dict]) -> int:
 def test_max_concurrent_calls_bounds_the_invocations_in_flight(
     funchost, servicebus_emulator, storage_connection_string, unique_name, tmp_path
 ):
-    queue = unique_name("in-")
-    servicebus_emulator.declare_queue(queue, lock_duration=timedelta(seconds=30))
-    env = {
-        "ServiceBusConnection": servicebus_emulator.connection_string,
-        "AzureWebJobsStorage": storage_connection_string,
-        "FH_RECORD_DIR": str(tmp_path),
-        "FH_SB_QUEUE": queue,
-        "FH_SB_OUT_QUEUE": unique_name("out-"),
-        "FH_OUT_QUEUE": unique_name("out-"),
-        # host.json says 4; an app setting overrides it, as in Azure.
-        "AzureFunctionsJobHost__extensions__serviceBus__maxConcurrentCalls": "3",
-        **only("sb_record"),
-    }
+    # host.json says 4; an app setting overrides it, as in Azure.
+    env, names = host_env(
+        servicebus_emulator, storage_connection_string, unique_name, tmp_path,
+        lock_duration=timedelta(seconds=30), enabled=("sb_record",),
+        AzureFunctionsJobHost__extensions__serviceBus__maxConcurrentCalls="3",
+    )
+    queue = names["FH_SB_QUEUE"]
     funchost.start(APP_DIR, env=env)
     _send(
         servicebus_emulator.connection_string,

@@ -8,12 +8,12 @@ from datetime import timedelta
 import pytest
 from azure.storage.queue import QueueClient
 
-from tests.funchost.support import APP_DIR, assert_drained, b64, both_triggers, eventually, only, records, send_to_both
+from tests.funchost.support import APP_DIR, assert_drained, b64, eventually, host_env, only, records, send_to_both
 
 
 @pytest.fixture
 def stack(servicebus_emulator, storage_connection_string, unique_name, tmp_path):
-    return both_triggers(
+    return host_env(
         servicebus_emulator, storage_connection_string, unique_name, tmp_path, lock_duration=timedelta(seconds=30)
     )
 
