@@ -11,8 +11,8 @@ from agents import agent
 from agents.remote import RemoteClient, RetryPolicy
 from core import names
 from core.models import AgentRequest, utcnow
-from core.settings import Settings
-from core.wiring import services
+from adapters.settings import Settings
+from adapters.wiring import services
 
 log = logging.getLogger(__name__)
 bp = func.Blueprint()

@@ -1,6 +1,6 @@
 """The ceiling: what each storage and messaging operation an order needs costs, raw.
 
-Every operation is issued with the SDK clients the app builds (``core.clients``:
+Every operation is issued with the SDK clients the app builds (``adapters.clients``:
 ``RequestsTransport(use_env_settings=False)`` for tables and queues, the app's
 Service Bus client), with message bodies and entities of the app's real shapes and
 sizes, in the shape the app and its host use them:
@@ -8,7 +8,7 @@ sizes, in the shape the app and its host use them:
 - table and storage-queue operations from ``threads`` threads sharing one client per
   process (the app keeps one client per process);
 - Service Bus sends from ``threads`` threads sharing one sender per process behind a
-  lock (as ``core.messaging.Publisher`` does);
+  lock (as ``adapters.messaging.Publisher`` does);
 - storage-queue receives from one poller thread per process, pages of up to 16
   (host.json ``batchSize``), and Service Bus receives and completes from one pump
   thread per process, one message per receive call, as the local host does.
@@ -122,7 +122,7 @@ class _Payloads:
     def __init__(self) -> None:
         from core import lifecycle
         from core.models import STEP, AgentRequest, Nudge, OrderRequest, idempotency_key, utcnow
-        from core.store import ORDER_ROW, state_to_entity
+        from adapters.store import ORDER_ROW, state_to_entity
         from devtools.demo import order_body
 
         now = utcnow()
@@ -154,8 +154,8 @@ class _Worker:
     def __init__(self, spec: WorkerSpec) -> None:
         from azure.servicebus import ServiceBusReceiveMode
 
-        from core import clients
-        from core.settings import Settings
+        from adapters import clients
+        from adapters.settings import Settings
 
         self.spec = spec
         settings = Settings(
@@ -364,7 +364,7 @@ def measure(
 ) -> dict[str, KindResult]:
     """Run ``plan`` (operation kinds, in order) with ``processes`` x ``threads`` workers;
     ``count`` operations of each kind in total. Returns each kind's result."""
-    from core import clients
+    from adapters import clients
 
     settings = stack.settings_object()
     clients.table_service(settings).create_table_if_not_exists(table)
@@ -462,7 +462,7 @@ def transport_comparison(stack, *, reads: int, rounds: int = 4) -> dict[str, flo
     ``RequestsTransport(use_env_settings=False)``, one thread, alternating rounds."""
     from azure.data.tables import TableServiceClient
 
-    from core import clients
+    from adapters import clients
 
     settings = stack.settings_object()
     table = "benchtransport"

@@ -18,7 +18,7 @@ from azure.data.tables import TableClient
 
 from benchmarks.procstat import CpuMeter
 from benchmarks.stack import BenchStack, OrderSender
-from core.store import ACTIVE_PARTITION, STATE_ROW
+from adapters.store import ACTIVE_PARTITION, STATE_ROW
 from devtools.stats import percentile
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from benchmarks import pipeline
 from benchmarks.stack import BenchStack, OrderSender
-from core.store import STATE_ROW
+from adapters.store import STATE_ROW
 
 #: The recovery trial's settings (app settings of the hosts).
 STEP_TIMEOUT = 8.0

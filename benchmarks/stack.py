@@ -18,8 +18,9 @@ from pathlib import Path
 from azure.data.tables import TableClient
 from azure.servicebus import ServiceBusClient
 
-from core import clients, names
-from core.settings import Settings
+from adapters import clients
+from core import names
+from adapters.settings import Settings
 from devtools import azurite as azurite_launcher
 from devtools.demo import order_message
 from devtools.localstack import LocalStack

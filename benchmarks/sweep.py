@@ -17,10 +17,11 @@ from datetime import timedelta
 
 from azure.data.tables import TableClient
 
-from core import clients, lifecycle, names
-from core.messaging import Nudger, Publisher
+from adapters import clients
+from core import lifecycle, names
+from adapters.messaging import Nudger, Publisher
 from core.models import OrderRequest, ProcessState, utcnow
-from core.store import ORDER_ROW, StateStore, state_to_entity
+from adapters.store import ORDER_ROW, StateStore, state_to_entity
 from devtools.demo import order_body
 from supervisor.supervision import policy_from, sweep
 
@@ -151,7 +152,7 @@ def _write_history(job: tuple[str, str, int, int, int]) -> int:
     connection_string, table, first, end, threads = job
     from azure.data.tables import TableServiceClient
 
-    from core.clients import transport
+    from adapters.clients import transport
 
     client = TableServiceClient.from_connection_string(connection_string, transport=transport()).get_table_client(table)
     now = utcnow()

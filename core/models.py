@@ -26,6 +26,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationError,
     WithJsonSchema,
     model_validator,
 )
@@ -222,3 +223,12 @@ def idempotency_key(order_id: str, step: str) -> str:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def explain(error: ValidationError, most: int = 10) -> str:
+    """A validation error as ``field.path: message`` per problem (the first ``most`` of them)."""
+    problems = error.errors(include_url=False)
+    lines = [f"{'.'.join(str(part) for part in p['loc']) or 'body'}: {p['msg']}" for p in problems[:most]]
+    if len(problems) > most:
+        lines.append(f"and {len(problems) - most} more problems")
+    return "; ".join(lines)

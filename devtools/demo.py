@@ -24,7 +24,7 @@ from rich.live import Live
 from rich.table import Table
 
 from core import names
-from core.store import STATE_ROW
+from adapters.store import STATE_ROW
 from devtools.localstack import ROOT, LocalStack
 from devtools.stats import percentile
 from tests.corpus import body_of, load

@@ -18,8 +18,8 @@ from rich.table import Table
 
 from core import names
 from core.models import OrderRequest, ProcessState, utcnow
-from core.settings import Settings
-from scheduler.submission import explain
+from adapters.settings import Settings
+from core.models import explain
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help=__doc__.split("\n")[0])
 out = Console()
@@ -73,13 +73,13 @@ class Context:
     @property
     def services(self):
         if self._services is None:
-            from core.wiring import Services
+            from adapters.wiring import Services
 
             self._services = Services.from_settings(self.settings)
         return self._services
 
     def servicebus(self):
-        from core import clients
+        from adapters import clients
 
         return clients.servicebus_client(self.settings)
 
@@ -161,7 +161,7 @@ def status(
     settings: SettingsFile = None,
 ) -> None:
     """Show an order's state: state, attempts, failures, last error, time to deadline."""
-    from core.store import OrderNotFound
+    from adapters.store import OrderNotFound
 
     ctx = _context(settings)
     try:
@@ -275,7 +275,7 @@ def resubmit(
     settings: SettingsFile = None,
 ) -> None:
     """Send an order in Error back to Pending (failure count cleared) and nudge the scheduler."""
-    from core.store import OrderNotFound
+    from adapters.store import OrderNotFound
     from supervisor.supervision import NotResubmittable
     from supervisor.supervision import resubmit as do_resubmit
 

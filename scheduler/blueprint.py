@@ -9,7 +9,7 @@ import azure.functions as func
 
 from core import names
 from core.models import AgentResponse, Nudge, utcnow
-from core.wiring import services
+from adapters.wiring import services
 from scheduler import dispatch, submission
 
 log = logging.getLogger(__name__)

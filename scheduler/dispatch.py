@@ -8,10 +8,10 @@ import logging
 from datetime import datetime, timedelta
 
 from core import lifecycle
-from core.finish import finish
-from core.messaging import Publisher
+from adapters.closing import close_order
+from adapters.messaging import Publisher
 from core.models import STEP, AgentRequest, AgentResponse, Nudge, OrderState, Status, StatusEvent, idempotency_key
-from core.store import ConcurrencyConflict, OrderNotFound, StateStore
+from adapters.store import ConcurrencyConflict, OrderNotFound, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def record(
                 return None  # moved under us after a fresh read: someone else decided
             current = _read(store, response.order_id)  # the fence was stale: decide on the row
             continue
-        finish(written, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now)
+        close_order(written, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now)
         return written
     return None
 

@@ -15,9 +15,9 @@ from enum import Enum
 
 from pydantic import ValidationError
 
-from core.messaging import Publisher
-from core.models import Nudge, OrderRequest, ProcessState, Status, StatusEvent
-from core.store import OrderConflict, RejectionStore, StateStore
+from adapters.messaging import Publisher
+from core.models import Nudge, OrderRequest, ProcessState, Status, StatusEvent, explain
+from adapters.store import OrderConflict, RejectionStore, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +48,6 @@ def _content_type_ok(content_type: str | None) -> bool:
         return True  # many clients (and the portal) send none: the body must still be JSON
     media = content_type.split(";")[0].strip().lower()
     return media in _JSON_TYPES or media.endswith("+json")
-
-
-def explain(error: ValidationError, most: int = 10) -> str:
-    """A validation error as ``field.path: message`` per problem (the first ``most`` of them)."""
-    problems = error.errors(include_url=False)
-    lines = [f"{'.'.join(str(part) for part in p['loc']) or 'body'}: {p['msg']}" for p in problems[:most]]
-    if len(problems) > most:
-        lines.append(f"and {len(problems) - most} more problems")
-    return "; ".join(lines)
 
 
 def submit(

@@ -8,7 +8,7 @@ import azure.functions as func
 
 from core import names
 from core.models import utcnow
-from core.wiring import services
+from adapters.wiring import services
 from supervisor.supervision import policy_from, sweep
 
 log = logging.getLogger(__name__)

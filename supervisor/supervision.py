@@ -7,12 +7,12 @@ from collections import Counter
 from datetime import datetime, timedelta
 
 from core import lifecycle
-from core.finish import finish
+from adapters.closing import close_order
 from core.lifecycle import SupervisorPolicy, Verdict
-from core.messaging import Nudger, Publisher
+from adapters.messaging import Nudger, Publisher
 from core.models import Nudge, OrderState, Status, StatusEvent
-from core.settings import Settings
-from core.store import StateStore
+from adapters.settings import Settings
+from adapters.store import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def sweep(
             # Terminal but still indexed: the finishing step died half-way. Give the
             # scheduler time to finish it itself before repeating its notifications.
             if now - state.updated_at > policy.step_timeout:
-                finish(state, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now)
+                close_order(state, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now)
                 done["healed"] += 1
             continue
         if decision.verdict is Verdict.NONE:
@@ -57,7 +57,7 @@ def sweep(
             continue
         done[decision.verdict.value] += 1
         if decision.verdict is Verdict.GIVE_UP:
-            finish(written, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now)
+            close_order(written, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now)
         else:
             nudger.nudge(Nudge(order_id=written.order_id, state=written), delay=decision.nudge_delay)
             if decision.verdict is Verdict.RETRY:

@@ -10,8 +10,8 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
 from core.models import OrderState, ProcessState
-from core.store import OrderNotFound
-from core.wiring import services
+from adapters.store import OrderNotFound
+from adapters.wiring import services
 from tests.polling import wait_until
 from tests.servicebus_helpers import bodies, receive
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from core.wiring import services
+from adapters.wiring import services
 from tests.corpus import body_of, load
 from tests.e2e.conftest import processed, wait_until
 from tests.factories import order_json

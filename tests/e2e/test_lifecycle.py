@@ -9,7 +9,7 @@ import re
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
 from core.models import STEP, AgentResponse, Outcome, ProcessState
-from core.wiring import services
+from adapters.wiring import services
 from tests.e2e.conftest import processed, wait_until
 from tests.factories import order_json
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from core import names
-from core.settings import Settings
+from adapters.settings import Settings
 from tests.infra import bicep
 from tests.infra.conftest import DEPLOY_PARAMS, MAIN, app_settings_of, names_of
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 from azure.storage.queue import QueueClient
 
 from core.models import STEP, AgentRequest, AgentResponse, Nudge, Outcome, ProcessState, utcnow
-from core.wiring import services
+from adapters.wiring import services
 from scheduler import dispatch
 from scheduler.blueprint import submit_order
 from supervisor.supervision import NotResubmittable, policy_from, resubmit, sweep
@@ -146,7 +146,7 @@ def test_expired_pending_is_nudged_again_without_a_failure(app_settings):
 
 
 def test_two_overlapping_supervisors_act_once_per_row(app_settings, storage_connection_string):
-    from core.wiring import Services
+    from adapters.wiring import Services
 
     s = services()
     for i in range(20):

@@ -12,7 +12,7 @@ from azure.data.tables import TableClient, TableTransactionError
 
 from core import lifecycle
 from core.models import OrderRequest, ProcessState, utcnow
-from core.store import ACTIVE_PARTITION, ConcurrencyConflict, OrderConflict, OrderNotFound, StateStore
+from adapters.store import ACTIVE_PARTITION, ConcurrencyConflict, OrderConflict, OrderNotFound, StateStore
 from tests.factories import order_json
 
 PENDING = timedelta(seconds=30)

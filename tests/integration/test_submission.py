@@ -9,7 +9,7 @@ import time
 from azure.servicebus import ServiceBusClient
 
 from core.models import Nudge, ProcessState
-from core.wiring import services
+from adapters.wiring import services
 from scheduler.blueprint import submit_order
 from tests.factories import Captured, order_json, servicebus_message
 
@@ -105,7 +105,7 @@ def test_an_order_too_large_for_the_nudge_travels_without_its_document(app_setti
 
 
 def test_reply_queue_senders_are_bounded(app_settings, servicebus_emulator):
-    from core.messaging import MAX_OPEN_SENDERS
+    from adapters.messaging import MAX_OPEN_SENDERS
     from core.models import Status, StatusEvent, utcnow
 
     publisher = services().publisher

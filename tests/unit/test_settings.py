@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from core.settings import Settings
+from adapters.settings import Settings
 
 BASE = {"AzureWebJobsStorage": "UseDevelopmentStorage=true", "ServiceBusConnection": "Endpoint=sb://x/;SharedAccessKeyName=k;SharedAccessKey=v", "REMOTE_SERVICE_URL": "http://127.0.0.1:1"}
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from azure.core.exceptions import HttpResponseError
 
-from core import clients
-from core.messaging import Nudger, Publisher
-from core.settings import Settings, get_settings
-from core.store import RejectionStore, StateStore
+from adapters import clients
+from adapters.messaging import Nudger, Publisher
+from adapters.settings import Settings, get_settings
+from adapters.store import RejectionStore, StateStore
 
 log = logging.getLogger(__name__)
 

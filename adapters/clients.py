@@ -10,7 +10,7 @@ from azure.core.pipeline.transport import RequestsTransport
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from core.settings import Settings
+from adapters.settings import Settings
 
 #: Azurite's development account: the fixed name and key that every storage emulator
 #: accepts, published in Microsoft's Azurite docs. Not a secret; it opens nothing in Azure.

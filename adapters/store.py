@@ -42,6 +42,8 @@ ACTIVE_PARTITION = "_active"
 #: submission that crashed between the two writes; the orders message is retried by
 #: Service Bus (which rewrites the index row), so the orphan can go.
 ORPHAN_GRACE = timedelta(minutes=10)
+#: Sorts after every character an order id may hold: ``[prefix, prefix + this)`` is a key range.
+_AFTER_PREFIX = "~"
 
 
 class StoreError(Exception):
@@ -273,17 +275,45 @@ class StateStore:
         except ResourceNotFoundError:
             pass
 
-    def active_ids(self, *, indexed_before: datetime | None = None) -> list[tuple[str, datetime, str]]:
-        """(order id, indexed at, index ETag) of the in-flight orders: one query of the index partition."""
+    def active_ids(
+        self, *, indexed_before: datetime | None = None, id_prefix: str | None = None
+    ) -> list[tuple[str, datetime, str]]:
+        """(order id, indexed at, index ETag) of the in-flight orders: one query of the
+        index partition, optionally of the ids that start with ``id_prefix``."""
         self.ops["index_query"] += 1
-        if indexed_before is None:
-            rows = self.table.query_entities("PartitionKey eq @pk", parameters={"pk": ACTIVE_PARTITION})
-        else:
-            rows = self.table.query_entities(
-                "PartitionKey eq @pk and IndexedAt lt @before",
-                parameters={"pk": ACTIVE_PARTITION, "before": indexed_before},
+        query, parameters = "PartitionKey eq @pk", {"pk": ACTIVE_PARTITION}
+        if indexed_before is not None:
+            query, parameters = f"{query} and IndexedAt lt @before", {**parameters, "before": indexed_before}
+        if id_prefix:
+            query, parameters = (
+                f"{query} and RowKey ge @lo and RowKey lt @hi",
+                {**parameters, "lo": id_prefix, "hi": id_prefix + _AFTER_PREFIX},
             )
+        rows = self.table.query_entities(query, parameters=parameters)
         return [(row["RowKey"], row["IndexedAt"], row.metadata["etag"]) for row in rows]
+
+    def list_states(self, *, id_prefix: str | None = None) -> list[OrderState]:
+        """Every order's state, or those whose id starts with ``id_prefix``: a scan of the
+        table (or of a key range), for tools and operators, never for the functions."""
+        self.ops["query"] += 1
+        query, parameters = "RowKey eq @rk", {"rk": STATE_ROW}
+        if id_prefix:
+            query = "PartitionKey ge @lo and PartitionKey lt @hi and RowKey eq @rk"
+            parameters = {**parameters, "lo": id_prefix, "hi": id_prefix + _AFTER_PREFIX}
+        return [state_from_entity(row) for row in self.table.query_entities(query, parameters=parameters)]
+
+    def import_order(self, order: OrderRequest, state: OrderState) -> None:
+        """Write an order with a state of its own choosing (one transaction; indexed only
+        when in flight): for migrations, and for seeding a benchmark's finished history."""
+        if not state.process_state.terminal:
+            self._index(order.order_id, state.updated_at)
+        self.ops["transaction"] += 1
+        self.table.submit_transaction(
+            [
+                ("create", {"PartitionKey": order.order_id, "RowKey": ORDER_ROW, "Document": order.document()}),
+                ("create", state_to_entity(state.model_copy(update={"order_id": order.order_id}))),
+            ]
+        )
 
     def sweep(self, now: datetime, *, younger_than_cannot_expire: timedelta) -> Iterator[OrderState]:
         """The indexed orders that need the supervisor: those whose deadline has passed,

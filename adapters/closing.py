@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from core.messaging import Publisher
+from adapters.messaging import Publisher
 from core.models import Alert, OrderState, ProcessState, Status, StatusEvent
-from core.store import StateStore
+from adapters.store import StateStore
 
 log = logging.getLogger(__name__)
 
 
-def finish(state: OrderState, *, store: StateStore, publisher: Publisher, alerts_queue: str, now: datetime) -> None:
+def close_order(state: OrderState, *, store: StateStore, publisher: Publisher, alerts_queue: str, now: datetime) -> None:
     if state.process_state is ProcessState.ERROR:
         alert = Alert(
             order_id=state.order_id,
