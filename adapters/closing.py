@@ -12,20 +12,37 @@ import logging
 from datetime import datetime
 
 from adapters.messaging import Publisher
-from core.models import Alert, OrderState, ProcessState, Status, StatusEvent
 from adapters.store import StateStore
+from core.models import Alert, OrderState, ProcessState, Status, StatusEvent
+from core.workflow import UnknownWorkflow, workflow
 
 log = logging.getLogger(__name__)
+
+_STATUS = {
+    ProcessState.PROCESSED: Status.PROCESSED,
+    ProcessState.COMPENSATED: Status.COMPENSATED,
+    ProcessState.ERROR: Status.FAILED,
+}
 
 
 def close_order(state: OrderState, *, store: StateStore, publisher: Publisher, alerts_queue: str, now: datetime) -> None:
     if state.process_state is ProcessState.ERROR:
+        try:
+            definition = workflow(state.workflow, state.workflow_version)
+            failed = [definition.steps[i].name for i in state.failed]
+        except (UnknownWorkflow, IndexError):
+            failed = [str(i) for i in state.failed]
         alert = Alert(
             order_id=state.order_id,
             failure_count=state.failure_count,
             last_error=state.last_error,
             time=now,
-            reason="order failed and needs an operator",
+            reason=(
+                f"could not undo step(s) {', '.join(failed)}: the order needs an operator"
+                if failed
+                else "order failed and needs an operator"
+            ),
+            failed_compensations=failed,
         )
         log.error(
             "order %s failed: %s",
@@ -34,13 +51,13 @@ def close_order(state: OrderState, *, store: StateStore, publisher: Publisher, a
             extra={"order_id": state.order_id, "failure_count": state.failure_count, "attempt": state.attempt},
         )
         # The alert must not be lost: a failed send raises, the index row stays,
-        # and the supervisor finishes the order again.
+        # and the supervisor closes the order again.
         publisher.send_alert(alert, queue=alerts_queue, attempt=state.attempt)
-        status = Status.FAILED
-    else:
-        status = Status.PROCESSED
     publisher.send_status(
-        StatusEvent(order_id=state.order_id, status=status, time=now, detail=state.last_error, attempt=state.attempt),
+        StatusEvent(
+            order_id=state.order_id, status=_STATUS[state.process_state], time=now, detail=state.last_error,
+            attempt=state.attempt,
+        ),
         queue=state.reply_to,
     )
     store.unindex(state.order_id)

@@ -16,7 +16,9 @@ from datetime import datetime, timedelta
 
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
-from core.models import STEP, AgentRequest, AgentResponse, Alert, Nudge, StatusEvent
+from pydantic import BaseModel
+
+from core.models import AgentRequest, AgentResponse, Alert, Nudge, StatusEvent
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,18 @@ MAX_OPEN_SENDERS = 16
 
 def agent_request_id(order_id: str, step: str, attempt: int) -> str:
     return f"{order_id}:{step}:{attempt}"
+
+
+def _message(body: BaseModel, *, message_id: str, correlation_id: str, subject: str, **extra) -> ServiceBusMessage:
+    """Every message the app sends: JSON of one model, correlated to its order."""
+    return ServiceBusMessage(
+        body.model_dump_json(),
+        content_type=JSON,
+        message_id=message_id,
+        correlation_id=correlation_id,
+        subject=subject,
+        **extra,
+    )
 
 
 class Publisher:
@@ -84,22 +98,20 @@ class Publisher:
         ttl = request.complete_by - now
         if ttl <= timedelta(0):
             return False
-        message = ServiceBusMessage(
-            request.model_dump_json(),
-            content_type=JSON,
+        message = _message(
+            request,
             message_id=agent_request_id(request.order_id, request.step, request.attempt),
             correlation_id=request.order_id,
+            subject=request.action,
             reply_to=reply_to,
             time_to_live=ttl,
-            subject=request.step,
         )
         self._send(queue, message, "agent_request")
         return True
 
     def send_agent_response(self, response: AgentResponse, *, queue: str) -> None:
-        message = ServiceBusMessage(
-            response.model_dump_json(),
-            content_type=JSON,
+        message = _message(
+            response,
             message_id=f"{agent_request_id(response.order_id, response.step, response.attempt)}:response",
             correlation_id=response.order_id,
             subject=response.outcome.value,
@@ -109,12 +121,8 @@ class Publisher:
     def send_alert(self, alert: Alert, *, queue: str, attempt: int) -> None:
         """Alerts have a stable message id per failed attempt, so a repeated alert (after a
         crash between the Error write and the send) is dropped by duplicate detection."""
-        message = ServiceBusMessage(
-            alert.model_dump_json(),
-            content_type=JSON,
-            message_id=f"{alert.order_id}:alert:{attempt}",
-            correlation_id=alert.order_id,
-            subject="order-failed",
+        message = _message(
+            alert, message_id=f"{alert.order_id}:alert:{attempt}", correlation_id=alert.order_id, subject="order-failed"
         )
         self._send(queue, message, "alert")
 
@@ -122,9 +130,8 @@ class Publisher:
         """Best effort: a missing or broken reply queue never blocks or fails the order."""
         if not queue or self._broken.get(queue, 0.0) > time.monotonic():
             return False
-        message = ServiceBusMessage(
-            event.model_dump_json(),
-            content_type=JSON,
+        message = _message(
+            event,
             message_id=f"{event.order_id}:{event.status.value}:{event.attempt or 0}",
             correlation_id=event.order_id,
             subject=event.status.value,
@@ -180,4 +187,4 @@ class Nudger:
         self.ops["nudge"] += 1
 
 
-__all__ = ["STEP", "Nudger", "Publisher", "agent_request_id"]
+__all__ = ["Nudger", "Publisher", "agent_request_id"]

@@ -6,6 +6,7 @@ Functions host from indexing any function, so nothing here runs on import.
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from functools import lru_cache
 from typing import Annotated
@@ -14,6 +15,11 @@ from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core import names
+from core.workflow import StepPolicy, remotes
+
+
+class MissingSetting(ValueError):
+    """A setting that this function needs is not set."""
 
 
 def _setting(name: str, default, **kwargs):
@@ -41,16 +47,19 @@ class Settings(BaseSettings):
 
     # --- Names (defaults from core.names) -------------------------------------
     orders_queue: str = _setting(names.ORDERS_QUEUE_SETTING, names.ORDERS_QUEUE)
-    agent_requests_queue: str = _setting(names.AGENT_REQUESTS_QUEUE_SETTING, names.AGENT_REQUESTS_QUEUE)
+    #: remote service -> its agent's request queue (app settings ``<NAME>_REQUESTS_QUEUE``).
+    requests_queues: dict[str, str] = Field(default_factory=dict, validation_alias=AliasChoices("REQUESTS_QUEUES"))
     agent_responses_queue: str = _setting(names.AGENT_RESPONSES_QUEUE_SETTING, names.AGENT_RESPONSES_QUEUE)
     alerts_queue: str = _setting(names.ALERTS_QUEUE_SETTING, names.ALERTS_QUEUE)
     scheduler_queue: str = _setting(names.SCHEDULER_QUEUE_SETTING, names.SCHEDULER_QUEUE)
     orders_table: str = _setting(names.ORDERS_TABLE_SETTING, names.ORDERS_TABLE)
     rejections_table: str = _setting(names.REJECTIONS_TABLE_SETTING, names.REJECTIONS_TABLE)
 
-    # --- The remote service the agent calls -----------------------------------
-    #: Required: no default. The base URL of the remote service.
-    remote_service_url: str = Field(validation_alias=AliasChoices("REMOTE_SERVICE_URL"), min_length=1)
+    # --- The remote services the agents call --------------------------------------
+    #: remote service -> base URL, from the app settings ``REMOTE_<NAME>_URL`` (one per
+    #: remote service of core.workflow). Read by that remote's agent, which fails with
+    #: a clear error naming the setting when it is missing.
+    remote_urls: dict[str, str] = Field(default_factory=dict, validation_alias=AliasChoices("REMOTE_URLS"))
     #: Per-call timeout; each call also stops at the step's complete-by time.
     remote_call_timeout_seconds: PositiveSeconds = _setting("REMOTE_CALL_TIMEOUT_SECONDS", 10.0)
     #: The agent's own retries within one step attempt (first call included).
@@ -72,6 +81,44 @@ class Settings(BaseSettings):
     retry_backoff_max_seconds: float = _setting("RETRY_BACKOFF_MAX_SECONDS", 300.0, ge=0)
     #: NCRONTAB (six fields, seconds first); read by the timer binding as %SUPERVISOR_SCHEDULE%.
     supervisor_schedule: str = _setting(names.SUPERVISOR_SCHEDULE_SETTING, names.DEFAULT_SUPERVISOR_SCHEDULE)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _collect_per_remote(cls, data):
+        # Settings per remote service, named after it: not fields of their own, so a new
+        # remote in core.workflow needs no change here.
+        if not isinstance(data, dict):
+            return data
+
+        def setting(name: str) -> str | None:
+            value = data.get(name) or os.environ.get(name)
+            return value.strip() if value and value.strip() else None
+
+        urls, queues = dict(data.get("REMOTE_URLS") or {}), dict(data.get("REQUESTS_QUEUES") or {})
+        for remote in remotes():
+            if url := setting(names.remote_url_setting(remote)):
+                urls.setdefault(remote, url)
+            queues.setdefault(remote, setting(names.requests_queue_setting(remote)) or names.requests_queue(remote))
+        return {**data, "REMOTE_URLS": urls, "REQUESTS_QUEUES": queues}
+
+    def remote_url(self, remote: str) -> str:
+        """The base URL of a remote service; raises :class:`MissingSetting` naming the setting."""
+        url = self.remote_urls.get(remote)
+        if not url:
+            raise MissingSetting(
+                f"no base URL for remote service {remote!r}: set the app setting {names.remote_url_setting(remote)}"
+            )
+        return url
+
+    def step_defaults(self) -> StepPolicy:
+        """The app settings' step policy: what a step's own policy does not set."""
+        return StepPolicy(
+            timeout_seconds=self.step_timeout_seconds,
+            max_failures=self.max_failures,
+            agent_max_calls=self.agent_max_calls,
+            agent_backoff_initial=self.agent_backoff_initial_seconds,
+            agent_backoff_max=self.agent_backoff_max_seconds,
+        )
 
     @property
     def step_timeout(self) -> timedelta:

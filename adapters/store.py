@@ -2,16 +2,21 @@
 
 Layout of the orders table:
 
-=================  ===============  ==========================================
-PartitionKey       RowKey           what
-=================  ===============  ==========================================
-``<OrderId>``      ``order``        the order document (canonical JSON)
-``<OrderId>``      ``state``        the process state (:class:`OrderState`)
-``_active``        ``<OrderId>``    the active index: one row per in-flight order
-=================  ===============  ==========================================
+=================  =====================  ==========================================
+PartitionKey       RowKey                 what
+=================  =====================  ==========================================
+``<OrderId>``      ``order``              the order document (canonical JSON)
+``<OrderId>``      ``state``              the process state (:class:`OrderState`):
+                                          the current line of the workflow
+``<OrderId>``      ``step-01-reserve``    how step 1's action ended (:class:`LineRecord`)
+``<OrderId>``      ``undo-01-reserve``    how step 1's compensation ended
+``_active``        ``<OrderId>``          the active index: one row per in-flight order
+=================  =====================  ==========================================
 
 The order and state rows are written by one entity-group transaction, so they exist
-together or not at all. The active index row is written *before* that transaction
+together or not at all. A line's row is written in the same transaction as the state
+row's If-Match update that ends the line (and starts the next one), so the state
+row's ETag guards the whole partition: no step row is ever written without it. The active index row is written *before* that transaction
 and removed once the order is terminal, so the supervisor's sweep reads the in-flight
 orders only, however many finished orders the table holds. The index heals itself:
 an index row whose order is terminal, or whose order never got written, is dropped
@@ -20,11 +25,13 @@ by the supervisor (:meth:`StateStore.sweep`).
 
 from __future__ import annotations
 
+import json
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import Enum
 from typing import Any
 
 from azure.core import MatchConditions
@@ -32,7 +39,8 @@ from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, Re
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
 from core import lifecycle
-from core.models import OrderRequest, OrderState, ProcessState
+from core.models import LineRecord, LineState, OrderRequest, OrderState, ProcessState
+from core.workflow import Kind, Workflow
 
 ORDER_ROW = "order"
 STATE_ROW = "state"
@@ -81,32 +89,122 @@ _STATE_FIELDS = {
     "reply_to": "ReplyTo",
     "created_at": "CreatedAt",
     "updated_at": "UpdatedAt",
+    "workflow": "Workflow",
+    "workflow_version": "WorkflowVersion",
+    "step_index": "StepIndex",
+    "kind": "Kind",
+    "step": "Step",
+    "plan": "Plan",
+    "failed": "Failed",
+    "cause": "Cause",
+    "gave_up": "GaveUp",
+    "max_failures": "MaxFailures",
 }
-#: Optional strings are written as "" rather than left out: a MERGE that leaves a
-#: property out keeps its old value, so clearing LockedBy must write something.
-_OPTIONAL_TEXT = {"LockedBy", "LastError", "ReplyTo"}
+#: Optional values are written as "" (or 0) rather than left out: a MERGE that leaves
+#: a property out keeps its old value, so clearing LockedBy must write something.
+_OPTIONAL_TEXT = {"LockedBy", "LastError", "ReplyTo", "Step", "Cause"}
+_OPTIONAL_NUMBER = {"MaxFailures"}
+_INDEX_LISTS = {"Plan", "Failed"}
+
+
+def _to_property(prop: str, value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if prop in _INDEX_LISTS:
+        return ",".join(str(i) for i in value)
+    if value is None and prop in _OPTIONAL_TEXT:
+        return ""
+    if value is None and prop in _OPTIONAL_NUMBER:
+        return 0
+    return value
+
+
+def _from_property(prop: str, value: Any) -> Any:
+    if prop in _INDEX_LISTS:
+        return tuple(int(i) for i in value.split(",")) if value else ()
+    if prop in _OPTIONAL_TEXT and value == "":
+        return None
+    if prop in _OPTIONAL_NUMBER and not value:
+        return None
+    return value
 
 
 def state_to_entity(state: OrderState) -> dict[str, Any]:
     """Datetimes stay ``datetime`` objects so they are stored as ``Edm.DateTime``
     (a string would compare as text in Azure and silently miss rows)."""
     entity: dict[str, Any] = {"PartitionKey": state.order_id, "RowKey": STATE_ROW}
-    for field, prop in _STATE_FIELDS.items():
-        value = getattr(state, field)
-        if isinstance(value, ProcessState):
-            value = value.value
-        elif value is None and prop in _OPTIONAL_TEXT:
-            value = ""
-        entity[prop] = value
+    for name, prop in _STATE_FIELDS.items():
+        entity[prop] = _to_property(prop, getattr(state, name))
     return entity
 
 
 def state_from_entity(entity: dict[str, Any]) -> OrderState:
-    values = {field: entity.get(prop) for field, prop in _STATE_FIELDS.items()}
-    for field, prop in _STATE_FIELDS.items():
-        if prop in _OPTIONAL_TEXT and values[field] == "":
-            values[field] = None
-    return OrderState(**values, etag=entity.metadata.get("etag"))
+    values = {name: _from_property(prop, entity.get(prop)) for name, prop in _STATE_FIELDS.items()}
+    # Properties an older row does not have yet take the model's defaults.
+    present = {name: value for name, value in values.items() if value is not None or name in _NULLABLE}
+    return OrderState(**present, etag=entity.metadata.get("etag"))
+
+
+_NULLABLE = {"locked_by", "last_error", "reply_to", "step", "cause", "max_failures"}
+
+_LINE_PREFIX = {Kind.ACTION: "step", Kind.COMPENSATION: "undo"}
+_LINE_PREFIXES = tuple(f"{prefix}-" for prefix in _LINE_PREFIX.values())
+
+
+def line_key(step_index: int, step: str, kind: Kind) -> str:
+    """``step-01-reserve`` (the action of step 1) or ``undo-01-reserve`` (its compensation)."""
+    return f"{_LINE_PREFIX[kind]}-{step_index + 1:02d}-{step}"
+
+
+def line_to_entity(line: LineRecord) -> dict[str, Any]:
+    return {
+        "PartitionKey": line.order_id,
+        "RowKey": line_key(line.step_index, line.step, line.kind),
+        "StepIndex": line.step_index,
+        "Step": line.step,
+        "Kind": line.kind.value,
+        "Action": line.action or "",
+        "LineState": line.state.value,
+        "Attempt": line.attempt,
+        "FailureCount": line.failure_count,
+        "LastError": line.last_error or "",
+        # A Table string holds 32K characters; results are small confirmations.
+        "Result": "" if line.result is None else json.dumps(line.result, separators=(",", ":")),
+        "UpdatedAt": line.updated_at,
+    }
+
+
+def line_from_entity(entity: dict[str, Any]) -> LineRecord:
+    return LineRecord(
+        order_id=entity["PartitionKey"],
+        step_index=entity["StepIndex"],
+        step=entity["Step"],
+        kind=Kind(entity["Kind"]),
+        action=entity.get("Action") or None,
+        state=LineState(entity["LineState"]),
+        attempt=entity["Attempt"],
+        failure_count=entity.get("FailureCount", 0),
+        last_error=entity.get("LastError") or None,
+        result=json.loads(entity["Result"]) if entity.get("Result") else None,
+        updated_at=entity["UpdatedAt"],
+    )
+
+
+@dataclass(frozen=True)
+class OrderRecord:
+    """Everything the partition holds about one order."""
+
+    document: str
+    state: OrderState
+    lines: tuple[LineRecord, ...]
+
+    def results(self) -> dict[str, dict[str, Any]]:
+        """Results of the steps whose action is done, by step name."""
+        return {
+            line.step: line.result or {}
+            for line in self.lines
+            if line.kind is Kind.ACTION and line.state is LineState.DONE
+        }
 
 
 # --- the store ----------------------------------------------------------------------
@@ -130,15 +228,16 @@ class StateStore:
     # -- submission -----------------------------------------------------------------
 
     def create_order(
-        self, order: OrderRequest, *, reply_to: str | None, now: datetime, pending_timeout: timedelta
+        self, order: OrderRequest, *, workflow: Workflow, reply_to: str | None, now: datetime, pending_timeout: timedelta
     ) -> Created:
-        """Write the order row and its Pending state row in one transaction.
+        """Write the order row and its Pending state row (at the workflow's first step)
+        in one transaction.
 
         The same order again is a no-op (``created=False``); different content under
         the same id raises :class:`OrderConflict` and changes nothing.
         """
         document = order.document()
-        state = lifecycle.new_order(order.order_id, now, pending_timeout, reply_to)
+        state = lifecycle.new_order(order.order_id, workflow, now, pending_timeout, reply_to)
         # Index first: a crash after this line leaves an index row the supervisor
         # can heal; the other order would leave an order nobody supervises.
         self._index(order.order_id, now)
@@ -157,17 +256,17 @@ class StateStore:
         return Created(state.model_copy(update={"etag": etag}), created=True)
 
     def _existing(self, order_id: str, document: str) -> Created:
-        existing_document, state = self.read(order_id)
-        if existing_document != document:
-            raise OrderConflict(order_id, existing_document, document)
-        if state.process_state.terminal:
+        record = self.read(order_id)
+        if record.document != document:
+            raise OrderConflict(order_id, record.document, document)
+        if record.state.process_state.terminal:
             self.unindex(order_id)  # the duplicate's index write re-added it
-        return Created(state, created=False)
+        return Created(record.state, created=False)
 
     # -- reads ----------------------------------------------------------------------
 
-    def read(self, order_id: str) -> tuple[str, OrderState]:
-        """The order document and its state, in one query of the order's partition."""
+    def read(self, order_id: str) -> OrderRecord:
+        """The order document, its state and its ended lines, in one query of the partition."""
         self.ops["query"] += 1
         rows = {
             row["RowKey"]: row
@@ -175,7 +274,11 @@ class StateStore:
         }
         if STATE_ROW not in rows or ORDER_ROW not in rows:
             raise OrderNotFound(f"no order {order_id!r}")
-        return rows[ORDER_ROW]["Document"], state_from_entity(rows[STATE_ROW])
+        lines = sorted(
+            (line_from_entity(row) for key, row in rows.items() if key.startswith(_LINE_PREFIXES)),
+            key=lambda line: line.updated_at,
+        )
+        return OrderRecord(rows[ORDER_ROW]["Document"], state_from_entity(rows[STATE_ROW]), tuple(lines))
 
     def get(self, order_id: str) -> OrderState:
         """The state of an order; raises :class:`OrderNotFound`."""
@@ -195,56 +298,50 @@ class StateStore:
 
     # -- transitions ----------------------------------------------------------------
 
-    def write(self, current: OrderState, new: OrderState) -> OrderState:
-        """Write ``new`` over ``current`` if the row is unchanged since ``current`` was read.
+    def write(self, current: OrderState, new: OrderState, lines: Sequence[LineRecord] = ()) -> OrderState:
+        """Write ``new`` over ``current`` if the row is unchanged since ``current`` was read,
+        together with the rows of the lines that end with it.
 
-        Sends only the properties that differ (a MERGE), with If-Match on
-        ``current.etag``. Raises :class:`ConcurrencyConflict` if someone else moved the row.
+        The state row gets only the properties that differ (a MERGE), with If-Match on
+        ``current.etag``; with lines, all of it is one entity-group transaction, which
+        fails whole if the state row moved. Raises :class:`ConcurrencyConflict` if
+        someone else moved the row.
         """
         if current.etag is None:
             raise ValueError("a transition needs the ETag the state was read with")
         before, after = state_to_entity(current), state_to_entity(new)
         changes = {key: value for key, value in after.items() if before.get(key) != value}
         changes.update(PartitionKey=new.order_id, RowKey=STATE_ROW)
-        self.ops["update"] += 1
+        guard = {"etag": current.etag, "match_condition": MatchConditions.IfNotModified}
         try:
-            metadata = self.table.update_entity(
-                changes, mode=UpdateMode.MERGE, etag=current.etag, match_condition=MatchConditions.IfNotModified
-            )
+            if not lines:
+                self.ops["update"] += 1
+                metadata = self.table.update_entity(changes, mode=UpdateMode.MERGE, **guard)
+            else:
+                self.ops["transaction"] += 1
+                operations = [("update", changes, {"mode": UpdateMode.MERGE, **guard})]
+                operations += [("upsert", line_to_entity(line), {"mode": UpdateMode.REPLACE}) for line in lines]
+                metadata = self.table.submit_transaction(operations)[0]
         except ResourceModifiedError as error:
             raise ConcurrencyConflict(f"order {new.order_id!r} changed since it was read") from error
         except ResourceNotFoundError as error:
             raise OrderNotFound(f"no order {new.order_id!r}") from error
+        except TableTransactionError as error:
+            if getattr(error, "status_code", None) == 412 or "UpdateConditionNotSatisfied" in str(error):
+                raise ConcurrencyConflict(f"order {new.order_id!r} changed since it was read") from error
+            if getattr(error, "status_code", None) == 404:
+                raise OrderNotFound(f"no order {new.order_id!r}") from error
+            raise
         return new.model_copy(update={"etag": metadata["etag"]})
 
-    def claim(
-        self, order_id: str, instance: str, now: datetime, step_timeout: timedelta, *, hint: OrderState | None = None
+    def transition(
+        self, current: OrderState, new: OrderState | None, lines: Sequence[LineRecord] = ()
     ) -> OrderState | None:
-        """Pending -> Processing for ``instance``. None when the row is not Pending or
-        another instance won the race (a 412): both are expected, not errors.
-
-        ``hint`` is a snapshot with its ETag (from the nudge); when it is still current
-        the claim costs one conditional write, otherwise the row is read first.
-        """
-        state = hint if hint is not None and hint.etag else self.get(order_id)
-        for _ in range(2):
-            claimed = lifecycle.claim(state, instance, now, step_timeout)
-            if claimed is None:
-                return None
-            try:
-                return self.write(state, claimed)
-            except ConcurrencyConflict:
-                if state is not hint:
-                    return None  # a fresh read lost the race: another instance claimed it
-                state = self.get(order_id)  # the hint was stale: decide again on the row
-        return None
-
-    def transition(self, current: OrderState, new: OrderState | None) -> OrderState | None:
         """Write a lifecycle decision; None when there is nothing to write or the row moved."""
         if new is None:
             return None
         try:
-            return self.write(current, new)
+            return self.write(current, new, lines)
         except ConcurrencyConflict:
             return None
 

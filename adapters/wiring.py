@@ -12,8 +12,10 @@ import socket
 import threading
 import uuid
 from dataclasses import dataclass
+from typing import TypeVar
 
 from azure.core.exceptions import HttpResponseError
+from pydantic import BaseModel
 
 from adapters import clients
 from adapters.messaging import Nudger, Publisher
@@ -32,6 +34,7 @@ class Services:
     nudger: Nudger
     instance: str
 
+    @classmethod
     @classmethod
     def from_settings(cls, settings: Settings) -> Services:
         tables = clients.table_service(settings)
@@ -55,6 +58,20 @@ def _ensure_table(tables, name: str) -> None:
         tables.create_table_if_not_exists(name)
     except HttpResponseError as error:
         log.info("could not ensure table %s exists (%s); assuming it is provisioned", name, error.reason)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_or_drop(model: type[M], body: bytes, *, what: str, message_id: str | None) -> M | None:
+    """A message of ours parsed at the function's edge, or None (logged) when it is not
+    one: such a message is dropped, never retried, and loses no order (the supervisor
+    recovers any order whose message went missing)."""
+    try:
+        return model.model_validate_json(body)
+    except ValueError as error:
+        log.error("malformed %s %s dropped: %s", what, message_id, error)
+        return None
 
 
 def instance_id() -> str:

@@ -19,10 +19,13 @@ log = logging.getLogger(__name__)
 
 def run(request: AgentRequest, *, remote: RemoteClient, now: Callable[[], datetime]) -> AgentResponse | None:
     if now() >= request.complete_by:
-        log.warning("order %s attempt %s arrived past complete-by: not acting", request.order_id, request.attempt)
+        log.warning(
+            "order %s attempt %s (%s %s) arrived past complete-by: not acting",
+            request.order_id, request.attempt, request.kind.value, request.step,
+        )
         return None
     try:
-        result = remote.fulfil(request, now=now)
+        result = remote.call(request, now=now)
     except PermanentRemoteError as error:
         return _response(request, Outcome.FAILED_PERMANENT, error=str(error))
     except (DeadlineReached, TransientRemoteError) as error:
@@ -38,8 +41,9 @@ def _response(request: AgentRequest, outcome: Outcome, **fields) -> AgentRespons
     return AgentResponse(
         order_id=request.order_id,
         step=request.step,
+        kind=request.kind,
         attempt=request.attempt,
         outcome=outcome,
-        fence=request.fence,
+        context=request.context,
         **fields,
     )

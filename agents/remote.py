@@ -1,5 +1,11 @@
 """The remote service call: retries with backoff and jitter, a stable idempotency key,
-and never past the step's complete-by time."""
+and never past the step's complete-by time.
+
+The contract (README, "The remote service contract"): ``POST {base}/{action}`` with
+the headers ``Idempotency-Key`` and ``Complete-By`` (RFC 3339 UTC); 2xx with a JSON
+body is done, 408, 429, 5xx, connection errors and timeouts are transient, any other
+4xx is a permanent refusal.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,6 @@ import email.utils
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,6 +20,7 @@ import requests
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from core.models import AgentRequest
+from core.workflow import Kind
 
 #: Status codes worth another try: timeout, throttling, and server-side failures.
 TRANSIENT_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
@@ -42,16 +48,6 @@ class DeadlineReached(RemoteError):
     """The step's complete-by time came before the step could be done."""
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How the agent retries one attempt of the step (the supervisor retries attempts)."""
-
-    max_calls: int = 6
-    backoff_initial: float = 0.2
-    backoff_max: float = 5.0
-    call_timeout: float = 10.0
-
-
 def _retry_after(response: requests.Response) -> float | None:
     value = response.headers.get("Retry-After")
     if not value:
@@ -67,12 +63,21 @@ def _retry_after(response: requests.Response) -> float | None:
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
-class RemoteClient:
-    """Calls ``POST {base_url}/fulfil`` for a step. One ``requests.Session`` per thread."""
+def complete_by_header(when: datetime) -> str:
+    """RFC 3339 UTC with milliseconds, e.g. ``2026-11-23T10:15:30.123Z``."""
+    return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
-    def __init__(self, base_url: str, policy: RetryPolicy, *, sleep: Callable[[float], None] = time.sleep) -> None:
+
+class RemoteClient:
+    """Calls ``POST {base_url}/{action}`` for one remote service. One ``requests.Session``
+    per thread. How often it retries within an attempt is the request's policy (the
+    step's); the supervisor retries attempts."""
+
+    def __init__(
+        self, base_url: str, *, call_timeout: float = 10.0, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.policy = policy
+        self.call_timeout = call_timeout
         self._sleep = sleep
         self._local = threading.local()
 
@@ -83,10 +88,10 @@ class RemoteClient:
             session.trust_env = False
         return session
 
-    def fulfil(self, request: AgentRequest, *, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> dict[str, Any]:
+    def call(self, request: AgentRequest, *, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> dict[str, Any]:
         """The remote result; raises PermanentRemoteError, DeadlineReached, or
         TransientRemoteError when the calls ran out before the deadline did."""
-        policy = self.policy
+        policy = request.policy
 
         def time_left() -> float:
             return (request.complete_by - now()).total_seconds()
@@ -118,22 +123,23 @@ class RemoteClient:
                 left = time_left()
                 if left < MIN_CALL_SECONDS:
                     raise DeadlineReached(f"complete-by {request.complete_by.isoformat()} reached")
-                return self._call(request, timeout=min(policy.call_timeout, left))
+                return self._call(request, timeout=min(self.call_timeout, left))
         raise AssertionError("unreachable")  # pragma: no cover - Retrying returns or raises
 
     def _call(self, request: AgentRequest, *, timeout: float) -> dict[str, Any]:
         body = {
             "order_id": request.order_id,
             "step": request.step,
+            "kind": request.kind.value,
             "attempt": request.attempt,
-            "payload": request.payload,
+            "order": request.order,
         }
+        if request.kind is Kind.COMPENSATION:
+            body["result"] = request.result
+        headers = {"Idempotency-Key": request.idempotency_key, "Complete-By": complete_by_header(request.complete_by)}
         try:
             response = self._session().post(
-                f"{self.base_url}/{request.step}",
-                json=body,
-                headers={"Idempotency-Key": request.idempotency_key},
-                timeout=timeout,
+                f"{self.base_url}/{request.action}", json=body, headers=headers, timeout=timeout
             )
         except (requests.ConnectionError, requests.Timeout) as error:
             raise TransientRemoteError(f"{type(error).__name__}: {error}") from error

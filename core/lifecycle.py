@@ -1,17 +1,20 @@
 """Lifecycle decisions as pure functions: no I/O, no ``azure.*`` import.
 
-Each function takes the state as read (with its ETag) and returns the next state,
-or ``None`` when the transition does not apply. The store writes the result with
-If-Match on the ETag that came with the input, so a decision made on a row that
-someone else has moved since is never written.
+Each function takes the state row as read (with its ETag) and returns what to write
+(:class:`Transition`: the new state row, the step rows that end with it, and the line
+to hand to an agent), or ``None`` when nothing applies. The store writes a transition
+with If-Match on the ETag that came with the input, in one entity-group transaction,
+so a decision made on a row that someone else has moved since is never written.
 
-::
+The scheduler's decisions (:func:`claim`, :func:`complete`) know the workflow; the
+supervisor's (:func:`supervise`) know only deadlines and failure counts::
 
-    Pending ──claim──► Processing ──response(succeeded)────────► Processed
-       ▲                   │  └─────response(failed_permanent)─► Error ◄─┐
-       │                   └──expired, failures < max──┐                 │
-       └───────────────────────────────────────────────┘   expired, failures = max
-       └──────────────resubmit (operator)────────────────────── Error
+    Pending ─claim─► Processing(step k) ─done─► Processing(step k+1) … ─done─► Processed
+                         │  refused: undo steps < k ──────────────┐
+                         │  supervisor gave up: undo steps ≤ k ───┤ (k cannot be undone: Error)
+                         ▼                                         ▼
+                  expired, failures < max:           Processing(undo j) ─done/failed─► undo j-1 …
+                  Pending, nudged after a backoff        └─► Compensated, or Error if an undo failed
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 
-from core.models import AgentResponse, OrderState, Outcome, ProcessState
+from core.models import AgentResponse, LineRecord, LineState, OrderState, Outcome, ProcessState
+from core.workflow import Kind, Step, StepPolicy, Workflow
 
 #: LastError is a Table string property: keep it far below the 64 KiB limit.
 MAX_ERROR_CHARS = 2_000
@@ -30,8 +34,25 @@ def _error(text: str | None) -> str | None:
     return None if text is None else text[:MAX_ERROR_CHARS]
 
 
-def new_order(order_id: str, now: datetime, pending_timeout: timedelta, reply_to: str | None) -> OrderState:
-    """The state of a just-submitted order: Pending, to be claimed before ``now + pending_timeout``."""
+@dataclass(frozen=True)
+class Transition:
+    """What the scheduler writes, in one transaction, and then does."""
+
+    state: OrderState
+    #: Step rows that end with this transition.
+    lines: tuple[LineRecord, ...] = ()
+
+    @property
+    def dispatch(self) -> bool:
+        """True when ``state`` is claimed for a line that must now go to its agent."""
+        return self.state.process_state is ProcessState.PROCESSING
+
+
+def new_order(
+    order_id: str, workflow: Workflow, now: datetime, pending_timeout: timedelta, reply_to: str | None
+) -> OrderState:
+    """The state of a just-submitted order: Pending at its first step, to be claimed
+    before ``now + pending_timeout``."""
     return OrderState(
         order_id=order_id,
         process_state=ProcessState.PENDING,
@@ -39,61 +60,260 @@ def new_order(order_id: str, now: datetime, pending_timeout: timedelta, reply_to
         reply_to=reply_to,
         created_at=now,
         updated_at=now,
+        workflow=workflow.name,
+        workflow_version=workflow.version,
+        step_index=0,
+        kind=Kind.ACTION,
+        step=workflow.steps[0].name,
     )
 
 
-def claim(state: OrderState, instance: str, now: datetime, step_timeout: timedelta) -> OrderState | None:
-    """Pending -> Processing for this instance, with a new attempt (fencing token)."""
-    if state.process_state is not ProcessState.PENDING:
-        return None
+def step_of(state: OrderState, workflow: Workflow) -> Step:
+    return workflow.steps[state.step_index]
+
+
+# --- the scheduler -------------------------------------------------------------------
+
+
+def _start(
+    state: OrderState, workflow: Workflow, index: int, kind: Kind, instance: str, now: datetime,
+    defaults: StepPolicy, **changes,
+) -> OrderState:
+    """Processing for line (index, kind), claimed by ``instance`` with a new attempt."""
+    step = workflow.steps[index]
+    policy = step.policy.over(defaults)
     return state.model_copy(
         update={
             "process_state": ProcessState.PROCESSING,
+            "step_index": index,
+            "kind": kind,
+            "step": step.name,
             "locked_by": instance,
-            "complete_by": now + step_timeout,
             "attempt": state.attempt + 1,
+            "complete_by": now + timedelta(seconds=policy.timeout_seconds),
+            "max_failures": policy.max_failures,
+            "gave_up": False,
             "updated_at": now,
+            **changes,
         }
     )
+
+
+def _end(state: OrderState, end: ProcessState, now: datetime, last_error: str | None, **changes) -> OrderState:
+    return state.model_copy(
+        update={
+            "process_state": end,
+            "locked_by": None,
+            "gave_up": False,
+            "last_error": _error(last_error),
+            "updated_at": now,
+            **changes,
+        }
+    )
+
+
+def _line_record(
+    state: OrderState, workflow: Workflow, outcome: LineState, now: datetime, *, error: str | None = None, result=None
+) -> LineRecord:
+    """How the current line ended."""
+    return LineRecord(
+        order_id=state.order_id,
+        step_index=state.step_index,
+        step=state.step or "",
+        kind=state.kind,
+        action=step_of(state, workflow).action_of(state.kind),
+        state=outcome,
+        attempt=state.attempt,
+        failure_count=state.failure_count,
+        last_error=_error(error),
+        result=result,
+        updated_at=now,
+    )
+
+
+def claim(
+    state: OrderState, workflow: Workflow, instance: str, now: datetime, defaults: StepPolicy
+) -> Transition | None:
+    """Pending -> Processing for this instance, with a new attempt (fencing token).
+
+    A Pending row the supervisor gave up on is not run again: the scheduler decides
+    what giving up means for its line (:func:`give_up`).
+    """
+    if state.process_state is not ProcessState.PENDING:
+        return None
+    if state.gave_up:
+        return give_up(state, workflow, instance, now, defaults)
+    if state.kind is Kind.COMPENSATION and step_of(state, workflow).compensate is None:
+        # Only reachable through a resubmit of a line that cannot be undone.
+        return _compensate_next(state, workflow, instance, now, defaults, [], failed_now=True)
+    return Transition(_start(state, workflow, state.step_index, state.kind, instance, now, defaults))
 
 
 def accepts_response(state: OrderState, response: AgentResponse) -> bool:
     """Fencing: only a response for the current attempt of a Processing row counts."""
-    return state.process_state is ProcessState.PROCESSING and state.attempt == response.attempt
-
-
-def complete(state: OrderState, response: AgentResponse, now: datetime) -> OrderState | None:
-    """Processing -> Processed (succeeded) or Error (failed_permanent); None if stale."""
-    if not accepts_response(state, response):
-        return None
-    if response.outcome is Outcome.SUCCEEDED:
-        return state.model_copy(
-            update={"process_state": ProcessState.PROCESSED, "locked_by": None, "last_error": None, "updated_at": now}
-        )
-    return fail(state, response.error or "the remote service refused the step", now)
-
-
-def fail(state: OrderState, reason: str, now: datetime) -> OrderState:
-    """Any non-terminal state -> Error with the reason."""
-    return state.model_copy(
-        update={"process_state": ProcessState.ERROR, "locked_by": None, "last_error": _error(reason), "updated_at": now}
+    return (
+        state.process_state is ProcessState.PROCESSING
+        and state.attempt == response.attempt
+        and state.kind is response.kind
+        and state.step == response.step
     )
 
 
+def complete(
+    state: OrderState, response: AgentResponse, workflow: Workflow, instance: str, now: datetime, defaults: StepPolicy
+) -> Transition | None:
+    """Record the current line's outcome and start the next line in the same write.
+
+    None if the response is stale (another attempt, or the row is not Processing).
+    """
+    if not accepts_response(state, response):
+        return None
+    if state.kind is Kind.ACTION:
+        if response.outcome is Outcome.SUCCEEDED:
+            done = _line_record(state, workflow, LineState.DONE, now, result=response.result)
+            if state.step_index + 1 == len(workflow.steps):
+                return Transition(_end(state, ProcessState.PROCESSED, now, None, failure_count=0), (done,))
+            return Transition(
+                _start(
+                    state, workflow, state.step_index + 1, Kind.ACTION, instance, now, defaults,
+                    failure_count=0, last_error=None,
+                ),
+                (done,),
+            )
+        # Refused: nothing was applied at this step; undo the ones before it.
+        reason = response.error or "the remote service refused the step"
+        refused = _line_record(state, workflow, LineState.REFUSED, now, error=reason)
+        cause = f"step {state.step} refused: {reason}"
+        return _compensate(state, workflow, instance, now, defaults, refused, cause, first=state.step_index - 1)
+    if response.outcome is Outcome.SUCCEEDED:
+        undone = _line_record(state, workflow, LineState.DONE, now, result=response.result)
+        return _compensate_next(state, workflow, instance, now, defaults, [undone])
+    reason = response.error or "the remote service refused the compensation"
+    failed = _line_record(state, workflow, LineState.FAILED, now, error=reason)
+    return _compensate_next(
+        state.model_copy(update={"failed": (*state.failed, state.step_index)}),
+        workflow, instance, now, defaults, [failed],
+    )
+
+
+def give_up(
+    state: OrderState, workflow: Workflow, instance: str, now: datetime, defaults: StepPolicy
+) -> Transition:
+    """The supervisor gave up on the current line (its failures ran out).
+
+    An action's outcome is unknown: it may have been applied, so it is undone too,
+    with the steps before it. If it cannot be undone, the order stops in Error for an
+    operator (a resubmit runs it again with the same idempotency key). A compensation
+    that gave up is recorded as failed and the others still run.
+    """
+    reason = state.last_error or f"step {state.step} gave up"
+    if state.kind is Kind.ACTION:
+        exhausted = _line_record(state, workflow, LineState.EXHAUSTED, now, error=reason)
+        if step_of(state, workflow).compensate is None:
+            error = (
+                f"step {state.step}: outcome unknown after {state.failure_count} failed attempts, and it cannot be "
+                f"undone; check it at the remote service, then resubmit to run it again (same idempotency key). "
+                f"Last: {reason}"
+            )
+            return Transition(_end(state, ProcessState.ERROR, now, error), (exhausted,))
+        cause = f"step {state.step} gave up (outcome unknown): {reason}"
+        return _compensate(state, workflow, instance, now, defaults, exhausted, cause, first=state.step_index)
+    failed = _line_record(state, workflow, LineState.FAILED, now, error=reason)
+    return _compensate_next(
+        state.model_copy(update={"failed": (*state.failed, state.step_index)}),
+        workflow, instance, now, defaults, [failed],
+    )
+
+
+def _compensate(
+    state: OrderState, workflow: Workflow, instance: str, now: datetime, defaults: StepPolicy,
+    ended: LineRecord, cause: str, *, first: int,
+) -> Transition:
+    """Start undoing steps ``first`` down to 0, in reverse order."""
+    plan = tuple(range(first, -1, -1))
+    begun = state.model_copy(update={"kind": Kind.COMPENSATION, "cause": _error(cause), "failed": (), "plan": plan})
+    return _compensate_next(begun, workflow, instance, now, defaults, [ended], take_from_plan=True)
+
+
+def _compensate_next(
+    state: OrderState, workflow: Workflow, instance: str, now: datetime, defaults: StepPolicy,
+    records: list[LineRecord], *, take_from_plan: bool = True, failed_now: bool = False,
+) -> Transition:
+    """Claim the next compensation of the plan, or end the order: Compensated when every
+    undo was done, Error when one could not be."""
+    failed = list(state.failed)
+    if failed_now:  # the current line itself cannot be undone
+        failed.append(state.step_index)
+        records.append(
+            _line_record(state, workflow, LineState.FAILED, now, error="the step declares no compensation")
+        )
+    plan = list(state.plan)
+    while take_from_plan and plan:
+        index = plan.pop(0)
+        step = workflow.steps[index]
+        if step.compensate is None:
+            failed.append(index)
+            records.append(
+                LineRecord(
+                    order_id=state.order_id, step_index=index, step=step.name, kind=Kind.COMPENSATION, action=None,
+                    state=LineState.FAILED, attempt=state.attempt, last_error="the step declares no compensation",
+                    updated_at=now,
+                )
+            )
+            continue
+        return Transition(
+            _start(
+                state, workflow, index, Kind.COMPENSATION, instance, now, defaults,
+                plan=tuple(plan), failed=tuple(failed), failure_count=0, last_error=None,
+            ),
+            tuple(records),
+        )
+    if failed:
+        names = ", ".join(workflow.steps[i].name for i in failed)
+        error = f"could not undo step(s) {names}; the order was being undone because {state.cause}"
+        return Transition(
+            _end(state, ProcessState.ERROR, now, error, plan=(), failed=tuple(failed)), tuple(records)
+        )
+    return Transition(_end(state, ProcessState.COMPENSATED, now, state.cause, plan=()), tuple(records))
+
+
+def failed_steps(state: OrderState, workflow: Workflow) -> list[str]:
+    return [workflow.steps[i].name for i in state.failed]
+
+
+def fail(state: OrderState, reason: str, now: datetime) -> OrderState:
+    """Any non-terminal state -> Error with the reason (e.g. an unknown workflow)."""
+    return _end(state, ProcessState.ERROR, now, reason)
+
+
 def resubmit(state: OrderState, now: datetime, pending_timeout: timedelta) -> OrderState | None:
-    """Operator: Error -> Pending with the failure count cleared. The next claim takes a
-    new attempt number, so any late response of the failed attempts stays fenced out."""
+    """Operator: Error -> Pending where the order stopped, failure count cleared.
+
+    An order stopped in its actions runs the stopped step again; one stopped while
+    undoing runs the compensations that failed, in reverse order. Done lines are never
+    run again. The next claim takes a new attempt number, so any late response of the
+    failed attempts stays fenced out; the remote sees the same idempotency keys.
+    """
     if state.process_state is not ProcessState.ERROR:
         return None
+    changes: dict = {}
+    if state.kind is Kind.COMPENSATION and state.failed:
+        retry = sorted(set(state.failed), reverse=True)
+        changes = {"step_index": retry[0], "plan": tuple(retry[1:]), "failed": ()}
     return state.model_copy(
         update={
             "process_state": ProcessState.PENDING,
             "failure_count": 0,
+            "gave_up": False,
             "locked_by": None,
             "complete_by": now + pending_timeout,
             "updated_at": now,
+            **changes,
         }
     )
+
+
+# --- the supervisor ------------------------------------------------------------------
 
 
 def backoff(failure_count: int, base: timedelta, cap: timedelta) -> timedelta:
@@ -106,7 +326,7 @@ def backoff(failure_count: int, base: timedelta, cap: timedelta) -> timedelta:
 class Verdict(str, Enum):
     NONE = "none"  # not expired, or terminal: nothing to do
     RETRY = "retry"  # expired Processing below the threshold: back to Pending, nudge later
-    GIVE_UP = "give_up"  # expired Processing at the threshold: Error + alert
+    GIVE_UP = "give_up"  # expired Processing at the threshold: hand back to the scheduler
     RENUDGE = "renudge"  # expired Pending: the nudge was lost, nudge again
     DROP_INDEX = "drop_index"  # terminal: only the active index still names it
 
@@ -130,7 +350,12 @@ class Decision:
 
 
 def supervise(state: OrderState, now: datetime, policy: SupervisorPolicy) -> Decision:
-    """The supervisor's verdict on one row. Only expired rows are acted on."""
+    """The supervisor's verdict on one row. Only expired rows are acted on.
+
+    Generic: it knows deadlines and failure counts, never what a step does or how to
+    undo it. Giving up hands the row back to the scheduler (Pending, ``gave_up``),
+    which decides between undoing the order and going on with its other undos.
+    """
     if state.process_state.terminal:
         return Decision(Verdict.DROP_INDEX)
     if state.complete_by > now:
@@ -142,19 +367,25 @@ def supervise(state: OrderState, now: datetime, policy: SupervisorPolicy) -> Dec
         return Decision(Verdict.RENUDGE, renewed)
     failures = state.failure_count + 1
     reason = f"attempt {state.attempt} did not complete by {state.complete_by.isoformat()}"
-    if failures >= policy.max_failures:
-        failed = fail(state, f"gave up after {failures} failed attempts; last: {reason}", now)
-        return Decision(Verdict.GIVE_UP, failed.model_copy(update={"failure_count": failures}))
+    limit = state.max_failures or policy.max_failures
+    common = {"process_state": ProcessState.PENDING, "locked_by": None, "failure_count": failures, "updated_at": now}
+    if failures >= limit:
+        given_up = state.model_copy(
+            update={
+                **common,
+                "gave_up": True,
+                "last_error": _error(f"gave up after {failures} failed attempts; last: {reason}"),
+                "complete_by": now + policy.pending_timeout,
+            }
+        )
+        return Decision(Verdict.GIVE_UP, given_up)
     delay = backoff(failures, policy.backoff_base, policy.backoff_cap)
     reset = state.model_copy(
         update={
-            "process_state": ProcessState.PENDING,
-            "locked_by": None,
-            "failure_count": failures,
+            **common,
             "last_error": _error(reason),
             # The retry is due after the backoff; give the scheduler its pending window from then.
             "complete_by": now + delay + policy.pending_timeout,
-            "updated_at": now,
         }
     )
     return Decision(Verdict.RETRY, reset, delay)

@@ -2,7 +2,10 @@
 
 - :class:`OrderRequest`: the body of a message on the ``orders`` queue (JSON Schema
   published in ``schemas/order.schema.json``).
-- :class:`OrderState`: the process state of one order (the ``state`` row).
+- :class:`OrderState`: the process state of one order (the ``state`` row): where it
+  stands in its workflow (the current line), with the fencing attempt and deadline.
+- :class:`LineRecord`: how one line of the workflow ended (a step's action or its
+  compensation; the ``step-NN-…`` / ``undo-NN-…`` rows).
 - :class:`Nudge`: a storage-queue message asking the scheduler to look at an order.
 - :class:`AgentRequest` / :class:`AgentResponse`: the agent's request/response pair.
 - :class:`StatusEvent`: what a submitter receives on its ``ReplyTo`` queue.
@@ -18,6 +21,7 @@ from decimal import Decimal
 from enum import Enum
 from typing import Annotated, Any
 
+from core.workflow import Kind
 from pydantic import (
     AfterValidator,
     AwareDatetime,
@@ -30,9 +34,6 @@ from pydantic import (
     WithJsonSchema,
     model_validator,
 )
-
-#: The one processing step an order goes through at the remote service.
-STEP = "fulfil"
 
 #: Order ids become Table PartitionKeys and Service Bus message ids. A conservative
 #: alphabet keeps them clear of the Table key rules (no ``/ \\ # ?``, no control
@@ -120,15 +121,21 @@ class ProcessState(str, Enum):
     PENDING = "Pending"
     PROCESSING = "Processing"
     PROCESSED = "Processed"
+    COMPENSATED = "Compensated"
     ERROR = "Error"
 
     @property
     def terminal(self) -> bool:
-        return self in (ProcessState.PROCESSED, ProcessState.ERROR)
+        return self in (ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.ERROR)
 
 
 class OrderState(BaseModel):
-    """The process state of one order (the ``state`` row of its partition)."""
+    """The process state of one order (the ``state`` row of its partition).
+
+    The supervisor reads only the generic part (``process_state``, ``complete_by``,
+    ``failure_count``, ``max_failures``, ``attempt``); the workflow part (``step_index``,
+    ``kind``, ``plan``, ``failed``) is the scheduler's.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -136,15 +143,71 @@ class OrderState(BaseModel):
     process_state: ProcessState
     complete_by: AwareDatetime
     locked_by: str | None = None
+    #: Failed attempts of the current line (reset when the next line starts).
     failure_count: int = 0
-    #: Fencing token: increases on every claim. A response for any other attempt is stale.
+    #: Fencing token: increases on every claim, of any line. A response for any other attempt is stale.
     attempt: int = 0
     last_error: str | None = None
     reply_to: str | None = None
     created_at: AwareDatetime
     updated_at: AwareDatetime
+    # -- where the order stands in its workflow ------------------------------------
+    workflow: str = "order"
+    workflow_version: int = 1
+    #: The current line: step ``step_index`` (0-based), its action or its compensation.
+    step_index: int = 0
+    kind: Kind = Kind.ACTION
+    #: The current step's name (for readers: the supervisor's events, the operator).
+    step: str | None = None
+    #: While compensating: the steps still to undo after the current one, in order.
+    plan: tuple[int, ...] = ()
+    #: Steps whose compensation could not be done (the order ends in Error).
+    failed: tuple[int, ...] = ()
+    #: Why the order is being undone (the refusal, or the step that gave up).
+    cause: str | None = None
+    #: Set by the supervisor when the current line ran out of failures: the scheduler
+    #: decides what that means (compensate, or go on compensating the others).
+    gave_up: bool = False
+    #: The current line's failure limit, set at its claim (None: the supervisor's default).
+    max_failures: int | None = None
     #: The row's ETag when it was read (not stored); every transition is If-Match on it.
     etag: str | None = None
+
+    @property
+    def compensating(self) -> bool:
+        return self.kind is Kind.COMPENSATION
+
+
+class LineState(str, Enum):
+    """How a line of the workflow ended."""
+
+    DONE = "Done"
+    #: The remote refused the action permanently: nothing was applied.
+    REFUSED = "Refused"
+    #: The action ran out of failures: its outcome is unknown.
+    EXHAUSTED = "Exhausted"
+    #: The compensation could not be done (refused, exhausted, or none declared).
+    FAILED = "Failed"
+
+
+class LineRecord(BaseModel):
+    """How one line (a step's action or its compensation) ended: the step rows."""
+
+    model_config = ConfigDict(frozen=True)
+
+    order_id: str
+    step_index: int
+    step: str
+    kind: Kind
+    action: str | None
+    state: LineState
+    #: The attempt (fencing token) of the line's last claim.
+    attempt: int
+    failure_count: int = 0
+    last_error: str | None = None
+    #: The remote service's answer (kept for later steps and for the compensation).
+    result: dict[str, Any] | None = None
+    updated_at: AwareDatetime
 
 
 class Nudge(_Message):
@@ -160,17 +223,45 @@ class Nudge(_Message):
     document: str | None = None
 
 
+class AgentPolicy(_Message):
+    """How the agent retries one attempt (from the step's policy)."""
+
+    max_calls: int = Field(ge=1)
+    backoff_initial: float = Field(gt=0)
+    backoff_max: float = Field(gt=0)
+
+
+class Context(_Message):
+    """What the scheduler hands along with a request and gets back with the response:
+    opaque to the agent, echoed unchanged, so the scheduler records the outcome and
+    starts the next line with one conditional write and no read."""
+
+    #: The state row as claimed for this attempt (with its ETag): the fence.
+    fence: OrderState
+    #: The order document.
+    order: dict[str, Any]
+    #: Results of the steps done so far, by step name.
+    results: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
 class AgentRequest(_Message):
     order_id: str
     step: str
+    kind: Kind
+    #: ``POST {remote}/{action}``.
+    action: str
+    remote: str
     attempt: int
     complete_by: AwareDatetime
     idempotency_key: str
-    payload: dict[str, Any]
-    #: The scheduler's state row as it claimed it (with its ETag). Opaque to the
-    #: agent, echoed in the response, so the scheduler completes with one
-    #: conditional write; the ETag doubles as a fencing token.
-    fence: OrderState | None = None
+    policy: AgentPolicy
+    #: For a compensation: the forward action's result (None when its outcome is unknown).
+    result: dict[str, Any] | None = None
+    context: Context
+
+    @property
+    def order(self) -> dict[str, Any]:
+        return self.context.order
 
 
 class Outcome(str, Enum):
@@ -181,18 +272,21 @@ class Outcome(str, Enum):
 class AgentResponse(_Message):
     order_id: str
     step: str
+    kind: Kind
     attempt: int
     outcome: Outcome
     result: dict[str, Any] | None = None
     error: str | None = None
-    fence: OrderState | None = None
+    context: Context
 
 
 class Status(str, Enum):
     RECEIVED = "received"
     PROCESSING = "processing"
     RETRYING = "retrying"
+    COMPENSATING = "compensating"
     PROCESSED = "processed"
+    COMPENSATED = "compensated"
     FAILED = "failed"
 
 
@@ -200,6 +294,8 @@ class StatusEvent(_Message):
     order_id: str
     status: Status
     time: AwareDatetime
+    #: The step it is about (processing, retrying, compensating).
+    step: str | None = None
     detail: str | None = None
     attempt: int | None = None
 
@@ -210,15 +306,18 @@ class Alert(_Message):
     last_error: str | None
     time: AwareDatetime
     reason: str
+    #: The steps whose compensation could not be done.
+    failed_compensations: list[str] = Field(default_factory=list)
 
 
 _KEY_NAMESPACE = uuid.UUID("6c1f2f55-3c1b-4f7e-9a51-4d9e3b0c2a11")
 
 
-def idempotency_key(order_id: str, step: str) -> str:
-    """The key the remote service sees for a step: the same for every retry of the
-    step (the agent's own retries, the supervisor's re-runs and operator resubmits)."""
-    return str(uuid.uuid5(_KEY_NAMESPACE, f"{order_id}/{step}"))
+def idempotency_key(order_id: str, step: str, action: str) -> str:
+    """The key the remote service sees for one action (or compensation) of a step: the
+    same for every retry of it (the agent's own retries, the supervisor's re-runs and
+    operator resubmits), and different between a step's action and its compensation."""
+    return str(uuid.uuid5(_KEY_NAMESPACE, f"{order_id}/{step}/{action}"))
 
 
 def utcnow() -> datetime:

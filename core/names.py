@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+from core.workflow import remotes
+
 # --- App settings (environment variables / Function app settings) -------------
 
 #: Storage connection used by the Functions host and by this app (tables, queues).
@@ -22,7 +24,6 @@ SERVICEBUS_CONNECTION = "ServiceBusConnection"
 #: App settings that hold queue/table names. Bindings refer to them as ``%NAME%``
 #: so a deployment can rename a queue without a code change.
 ORDERS_QUEUE_SETTING = "ORDERS_QUEUE"
-AGENT_REQUESTS_QUEUE_SETTING = "AGENT_REQUESTS_QUEUE"
 AGENT_RESPONSES_QUEUE_SETTING = "AGENT_RESPONSES_QUEUE"
 ALERTS_QUEUE_SETTING = "ALERTS_QUEUE"
 SCHEDULER_QUEUE_SETTING = "SCHEDULER_QUEUE"
@@ -33,7 +34,6 @@ SUPERVISOR_SCHEDULE_SETTING = "SUPERVISOR_SCHEDULE"
 # --- Default names ----------------------------------------------------------------
 
 ORDERS_QUEUE = "orders"
-AGENT_REQUESTS_QUEUE = "agent-requests"
 AGENT_RESPONSES_QUEUE = "agent-responses"
 ALERTS_QUEUE = "alerts"
 SCHEDULER_QUEUE = "scheduler"
@@ -42,6 +42,38 @@ REJECTIONS_TABLE = "rejections"
 
 #: NCRONTAB with seconds (six fields, seconds first): every 15 seconds.
 DEFAULT_SUPERVISOR_SCHEDULE = "*/15 * * * * *"
+
+# --- Per remote service (one agent function and one request queue each) -------------
+# Derived from the remote's name in core.workflow: a new remote service there gets its
+# queue, app settings and agent function from these, and tests/infra checks the Bicep.
+
+
+def _upper(remote: str) -> str:
+    return remote.upper().replace("-", "_")
+
+
+def requests_queue(remote: str) -> str:
+    """The queue of requests for one remote service's agent, e.g. ``inventory-requests``."""
+    return f"{remote}-requests"
+
+
+def requests_queue_setting(remote: str) -> str:
+    """The app setting that names that queue, e.g. ``INVENTORY_REQUESTS_QUEUE``."""
+    return f"{_upper(remote)}_REQUESTS_QUEUE"
+
+
+def remote_url_setting(remote: str) -> str:
+    """The app setting with the remote service's base URL, e.g. ``REMOTE_INVENTORY_URL``."""
+    return f"REMOTE_{_upper(remote)}_URL"
+
+
+def agent_function(remote: str) -> str:
+    """The agent function for one remote service, e.g. ``run_inventory_agent``."""
+    return f"run_{remote}_agent"
+
+
+#: Every remote service's base-URL setting (required; no default).
+REMOTE_URL_SETTINGS: dict[str, str] = {remote: remote_url_setting(remote) for remote in remotes()}
 
 
 @dataclass(frozen=True)
@@ -73,14 +105,15 @@ SERVICEBUS_QUEUES: tuple[ServiceBusQueueSpec, ...] = (
         dead_letter_on_expiry=True,
         duplicate_detection=True,
     ),
-    # Requests carry their own time-to-live (complete-by - now). An expired request
-    # is discarded, never dead-lettered: the pattern forbids acting after
+    # One request queue per remote service, so a slow service cannot starve the
+    # others. Requests carry their own time-to-live (complete-by - now). An expired
+    # request is discarded, never dead-lettered: the pattern forbids acting after
     # complete-by, and the supervisor recovers the step.
-    ServiceBusQueueSpec(
-        AGENT_REQUESTS_QUEUE,
-        AGENT_REQUESTS_QUEUE_SETTING,
-        max_delivery_count=5,
-        dead_letter_on_expiry=False,
+    *(
+        ServiceBusQueueSpec(
+            requests_queue(remote), requests_queue_setting(remote), max_delivery_count=5, dead_letter_on_expiry=False
+        )
+        for remote in remotes()
     ),
     ServiceBusQueueSpec(AGENT_RESPONSES_QUEUE, AGENT_RESPONSES_QUEUE_SETTING, max_delivery_count=10),
     # Operator alerts; kept for a week for whoever reads them. An alert's MessageId is

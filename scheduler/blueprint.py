@@ -3,17 +3,27 @@ plain functions in ``submission`` and ``dispatch`` with the process's collaborat
 
 from __future__ import annotations
 
-import logging
-
 import azure.functions as func
 
+from adapters.wiring import Services, parse_or_drop, services
 from core import names
 from core.models import AgentResponse, Nudge, utcnow
-from adapters.wiring import services
+from core.workflow import CURRENT
 from scheduler import dispatch, submission
 
-log = logging.getLogger(__name__)
 bp = func.Blueprint()
+
+
+def scheduler(s: Services) -> dispatch.Scheduler:
+    return dispatch.Scheduler(
+        store=s.store,
+        publisher=s.publisher,
+        instance=s.instance,
+        defaults=s.settings.step_defaults(),
+        requests_queues=s.settings.requests_queues,
+        responses_queue=s.settings.agent_responses_queue,
+        alerts_queue=s.settings.alerts_queue,
+    )
 
 
 @bp.function_name("submit_order")
@@ -31,6 +41,7 @@ def submit_order(msg: func.ServiceBusMessage, nudge: func.Out[str]) -> None:
         store=s.store,
         rejections=s.rejections,
         publisher=s.publisher,
+        workflow=CURRENT,
         now=utcnow(),
         pending_timeout=s.settings.pending_timeout,
     )
@@ -41,24 +52,10 @@ def submit_order(msg: func.ServiceBusMessage, nudge: func.Out[str]) -> None:
 @bp.function_name("schedule_order")
 @bp.queue_trigger(arg_name="msg", queue_name=f"%{names.SCHEDULER_QUEUE_SETTING}%", connection=names.STORAGE_CONNECTION)
 def schedule_order(msg: func.QueueMessage) -> None:
-    s = services()
-    try:
-        nudge = Nudge.model_validate_json(msg.get_body())
-    except ValueError as error:
-        # Not one of ours: dropping it loses no order (the supervisor re-nudges
-        # every Pending row whose deadline passes).
-        log.error("malformed nudge %s dropped: %s", msg.id, error)
-        return
-    dispatch.schedule(
-        nudge,
-        store=s.store,
-        publisher=s.publisher,
-        instance=s.instance,
-        now=utcnow(),
-        step_timeout=s.settings.step_timeout,
-        requests_queue=s.settings.agent_requests_queue,
-        responses_queue=s.settings.agent_responses_queue,
-    )
+    # A malformed nudge is not one of ours: dropping it loses no order (the supervisor
+    # re-nudges every Pending row whose deadline passes).
+    if (nudge := parse_or_drop(Nudge, msg.get_body(), what="nudge", message_id=msg.id)) is not None:
+        dispatch.schedule(nudge, scheduler=scheduler(services()), now=utcnow())
 
 
 @bp.function_name("complete_step")
@@ -66,12 +63,6 @@ def schedule_order(msg: func.QueueMessage) -> None:
     arg_name="msg", queue_name=f"%{names.AGENT_RESPONSES_QUEUE_SETTING}%", connection=names.SERVICEBUS_CONNECTION
 )
 def complete_step(msg: func.ServiceBusMessage) -> None:
-    s = services()
-    try:
-        response = AgentResponse.model_validate_json(msg.get_body())
-    except ValueError as error:
-        log.error("malformed agent response %s ignored: %s", msg.message_id, error)
-        return
-    dispatch.record(
-        response, store=s.store, publisher=s.publisher, now=utcnow(), alerts_queue=s.settings.alerts_queue
-    )
+    response = parse_or_drop(AgentResponse, msg.get_body(), what="agent response", message_id=msg.message_id)
+    if response is not None:
+        dispatch.record(response, scheduler=scheduler(services()), now=utcnow())

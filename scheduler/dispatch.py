@@ -1,99 +1,196 @@
-"""The scheduler's two steps: claim a nudged order and send its agent request; record the
-agent's response. Both are conditional on the state row's ETag."""
+"""The scheduler's two steps, both conditional on the state row's ETag:
+
+- :func:`schedule`: a nudge -> claim the order's current line -> its agent request;
+- :func:`record`: an agent response -> record the line's outcome and, in the same
+  write, claim the next line (the next step, or the next undo) -> its agent request;
+  or end the order (Processed, Compensated, Error) and close it.
+
+The workflow decisions are :mod:`core.lifecycle`'s; this module reads, writes and sends.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timedelta
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
-from core import lifecycle
 from adapters.closing import close_order
 from adapters.messaging import Publisher
-from core.models import STEP, AgentRequest, AgentResponse, Nudge, OrderState, Status, StatusEvent, idempotency_key
 from adapters.store import ConcurrencyConflict, OrderNotFound, StateStore
+from core import lifecycle
+from core.lifecycle import Transition
+from core.models import (
+    AgentPolicy,
+    AgentRequest,
+    AgentResponse,
+    Context,
+    Nudge,
+    OrderState,
+    Outcome,
+    Status,
+    StatusEvent,
+    idempotency_key,
+)
+from core.workflow import Kind, StepPolicy, UnknownWorkflow, Workflow, workflow
 
 log = logging.getLogger(__name__)
 
 
-def schedule(
-    nudge: Nudge,
-    *,
-    store: StateStore,
-    publisher: Publisher,
-    instance: str,
-    now: datetime,
-    step_timeout: timedelta,
-    requests_queue: str,
-    responses_queue: str,
-) -> AgentRequest | None:
-    """Claim the order and send its agent request. None when there is nothing to do
-    (the row is not Pending, or another instance won the claim)."""
+@dataclass(frozen=True)
+class Scheduler:
+    """The scheduler's collaborators and settings."""
+
+    store: StateStore
+    publisher: Publisher
+    instance: str
+    #: The app settings' step policy (a step's own policy overrides it).
+    defaults: StepPolicy
+    #: remote service -> its agent's request queue.
+    requests_queues: Mapping[str, str]
+    responses_queue: str
+    alerts_queue: str
+
+
+def schedule(nudge: Nudge, *, scheduler: Scheduler, now: datetime) -> AgentRequest | None:
+    """Claim the order's current line and send its agent request. None when there is
+    nothing to send (the row is not Pending, another instance won the claim, or the
+    claim ended the order)."""
+    store = scheduler.store
+    snapshot = nudge.state if nudge.state is not None and nudge.state.etag else None
     try:
-        claimed = store.claim(nudge.order_id, instance, now, step_timeout, hint=nudge.state)
+        state = snapshot or store.get(nudge.order_id)
+        written = _write(
+            store, state, lambda s: _decide(s, now, lambda wf: lifecycle.claim(s, wf, scheduler.instance, now, scheduler.defaults)),
+            snapshot=snapshot is not None,
+        )
     except OrderNotFound:
         log.warning("nudge for unknown order %s dropped", nudge.order_id)
         return None
-    if claimed is None:
-        log.info("order %s not claimed by %s: not Pending or claimed elsewhere", nudge.order_id, instance)
+    if written is None:
+        log.info("order %s not claimed by %s: not Pending or claimed elsewhere", nudge.order_id, scheduler.instance)
         return None
-    log.info("order %s attempt %s claimed by %s", claimed.order_id, claimed.attempt, instance)
-    document = nudge.document if nudge.document is not None else store.get_order(nudge.order_id).document()
-    request = AgentRequest(
-        order_id=claimed.order_id,
-        step=STEP,
-        attempt=claimed.attempt,
-        complete_by=claimed.complete_by,
-        idempotency_key=idempotency_key(claimed.order_id, STEP),
-        payload=json.loads(document),
-        fence=claimed,
-    )
-    # A crash between the claim and this send leaves a Processing row whose deadline
-    # passes: the supervisor resets it and the step runs again.
-    publisher.send_agent_request(request, queue=requests_queue, reply_to=responses_queue, now=now)
-    publisher.send_status(
-        StatusEvent(order_id=claimed.order_id, status=Status.PROCESSING, time=now, attempt=claimed.attempt),
-        queue=claimed.reply_to,
-    )
-    return request
+    state, transition = written
+    if not state.process_state.terminal and nudge.document is not None and state.step_index == 0 and state.kind is Kind.ACTION:
+        order, results = json.loads(nudge.document), {}  # the first step needs nothing but the order
+    else:
+        record = store.read(state.order_id)
+        order, results = json.loads(record.document), record.results()
+    return _carry_out(scheduler, state, transition, order, results, now)
 
 
-def record(
-    response: AgentResponse,
-    *,
-    store: StateStore,
-    publisher: Publisher,
-    now: datetime,
-    alerts_queue: str,
-) -> OrderState | None:
+def record(response: AgentResponse, *, scheduler: Scheduler, now: datetime) -> OrderState | None:
     """Apply an agent response if it is for the current attempt of a Processing row
-    (fencing); a duplicate or stale response changes nothing and returns None."""
-    current = response.fence
-    if current is None or current.order_id != response.order_id or current.attempt != response.attempt:
-        current = _read(store, response.order_id)
-    while current is not None:
-        new = lifecycle.complete(current, response, now)
-        if new is None:
-            log.info(
-                "stale response for order %s attempt %s ignored (row: %s attempt %s)",
-                response.order_id, response.attempt, current.process_state.value, current.attempt,
-            )
+    (fencing), and start what comes next; a duplicate or stale response changes
+    nothing and returns None."""
+    store = scheduler.store
+    fence = response.context.fence
+    snapshot = fence if fence.order_id == response.order_id and fence.attempt == response.attempt else None
+    try:
+        state = snapshot or store.get(response.order_id)
+        written = _write(
+            store, state,
+            lambda s: _decide(
+                s, now, lambda wf: lifecycle.complete(s, response, wf, scheduler.instance, now, scheduler.defaults)
+            ),
+            snapshot=snapshot is not None,
+        )
+    except OrderNotFound:
+        log.warning("response for unknown order %s ignored", response.order_id)
+        return None
+    if written is None:
+        log.info("stale response for order %s attempt %s ignored", response.order_id, response.attempt)
+        return None
+    state, transition = written
+    results = dict(response.context.results)
+    if response.kind is Kind.ACTION and response.outcome is Outcome.SUCCEEDED:
+        results[response.step] = response.result or {}
+    _carry_out(scheduler, state, transition, response.context.order, results, now)
+    return state
+
+
+def _decide(
+    state: OrderState, now: datetime, decide: Callable[[Workflow], Transition | None]
+) -> Transition | None:
+    """A decision on the definition the order started on; an order whose definition is
+    gone cannot go on: it ends in Error for an operator."""
+    try:
+        definition = workflow(state.workflow, state.workflow_version)
+    except UnknownWorkflow as error:
+        return None if state.process_state.terminal else Transition(lifecycle.fail(state, str(error), now))
+    return decide(definition)
+
+
+def _write(
+    store: StateStore, state: OrderState, decide: Callable[[OrderState], Transition | None], *, snapshot: bool
+) -> tuple[OrderState, Transition] | None:
+    """Decide on ``state`` and write the transition (If-Match). A snapshot that turns
+    out stale (412) is read again and decided on once more; a fresh read that loses
+    the race means someone else decided: None."""
+    for _ in range(2):
+        transition = decide(state)
+        if transition is None:
             return None
         try:
-            written = store.write(current, new)
+            return store.write(state, transition.state, transition.lines), transition
         except ConcurrencyConflict:
-            if current is not response.fence:
-                return None  # moved under us after a fresh read: someone else decided
-            current = _read(store, response.order_id)  # the fence was stale: decide on the row
-            continue
-        close_order(written, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now)
-        return written
+            if not snapshot:
+                return None
+            state, snapshot = store.get(state.order_id), False
     return None
 
 
-def _read(store: StateStore, order_id: str) -> OrderState | None:
-    try:
-        return store.get(order_id)
-    except OrderNotFound:
-        log.warning("response for unknown order %s ignored", order_id)
+def _carry_out(
+    scheduler: Scheduler, state: OrderState, transition: Transition, order: dict[str, Any],
+    results: dict[str, dict[str, Any]], now: datetime,
+) -> AgentRequest | None:
+    """After the write: close an order that ended, or send the claimed line to its agent.
+
+    A crash between the write and the send leaves a Processing row whose deadline
+    passes: the supervisor resets it and the line runs again.
+    """
+    if state.process_state.terminal:
+        close_order(
+            state, store=scheduler.store, publisher=scheduler.publisher, alerts_queue=scheduler.alerts_queue, now=now
+        )
         return None
+    if not transition.dispatch:
+        return None
+    step = lifecycle.step_of(state, workflow(state.workflow, state.workflow_version))
+    policy = step.policy.over(scheduler.defaults)
+    action = step.action_of(state.kind)
+    request = AgentRequest(
+        order_id=state.order_id,
+        step=step.name,
+        kind=state.kind,
+        action=action,
+        remote=step.remote,
+        attempt=state.attempt,
+        complete_by=state.complete_by,
+        idempotency_key=idempotency_key(state.order_id, step.name, action),
+        policy=AgentPolicy(
+            max_calls=policy.agent_max_calls,
+            backoff_initial=policy.agent_backoff_initial,
+            backoff_max=policy.agent_backoff_max,
+        ),
+        result=results.get(step.name) if state.kind is Kind.COMPENSATION else None,
+        context=Context(fence=state, order=order, results=results),
+    )
+    log.info(
+        "order %s attempt %s: %s %s (%s) claimed by %s",
+        state.order_id, state.attempt, state.kind.value, step.name, action, scheduler.instance,
+    )
+    scheduler.publisher.send_agent_request(
+        request, queue=scheduler.requests_queues[step.remote], reply_to=scheduler.responses_queue, now=now
+    )
+    status = Status.COMPENSATING if state.kind is Kind.COMPENSATION else Status.PROCESSING
+    scheduler.publisher.send_status(
+        StatusEvent(
+            order_id=state.order_id, status=status, time=now, step=step.name, attempt=state.attempt,
+            detail=state.cause if state.kind is Kind.COMPENSATION else None,
+        ),
+        queue=state.reply_to,
+    )
+    return request

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from adapters.messaging import Publisher
 from core.models import Nudge, OrderRequest, ProcessState, Status, StatusEvent, explain
+from core.workflow import Workflow
 from adapters.store import OrderConflict, RejectionStore, StateStore
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ def submit(
     store: StateStore,
     rejections: RejectionStore,
     publisher: Publisher,
+    workflow: Workflow,
     now: datetime,
     pending_timeout: timedelta,
 ) -> Submission:
@@ -83,7 +85,9 @@ def submit(
         reply_to = None
 
     try:
-        created = store.create_order(order, reply_to=reply_to, now=now, pending_timeout=pending_timeout)
+        created = store.create_order(
+            order, workflow=workflow, reply_to=reply_to, now=now, pending_timeout=pending_timeout
+        )
     except OrderConflict:
         return reject(
             f"order id {order.order_id!r} already exists with different content; the original is unchanged",

@@ -56,23 +56,24 @@ def sweep(
             done["lost_race"] += 1  # another supervisor (or the scheduler) moved it first
             continue
         done[decision.verdict.value] += 1
+        # Every verdict hands the row back to the scheduler; what giving up means for
+        # the order (undo it, or go on undoing) is the scheduler's to decide.
+        nudger.nudge(Nudge(order_id=written.order_id, state=written), delay=decision.nudge_delay)
         if decision.verdict is Verdict.GIVE_UP:
-            close_order(written, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now)
-        else:
-            nudger.nudge(Nudge(order_id=written.order_id, state=written), delay=decision.nudge_delay)
-            if decision.verdict is Verdict.RETRY:
-                log.warning(
-                    "order %s reset for retry %s/%s in %.0f s: %s",
-                    written.order_id, written.failure_count, policy.max_failures,
-                    decision.nudge_delay.total_seconds(), written.last_error,
-                )
-                publisher.send_status(
-                    StatusEvent(
-                        order_id=written.order_id, status=Status.RETRYING, time=now,
-                        detail=written.last_error, attempt=written.attempt,
-                    ),
-                    queue=written.reply_to,
-                )
+            log.warning("order %s: gave up on %s %s: %s", written.order_id, written.kind.value, written.step, written.last_error)
+        elif decision.verdict is Verdict.RETRY:
+            log.warning(
+                "order %s reset for retry %s/%s of %s %s in %.0f s: %s",
+                written.order_id, written.failure_count, written.max_failures or policy.max_failures,
+                written.kind.value, written.step, decision.nudge_delay.total_seconds(), written.last_error,
+            )
+            publisher.send_status(
+                StatusEvent(
+                    order_id=written.order_id, status=Status.RETRYING, time=now, step=written.step,
+                    detail=written.last_error, attempt=written.attempt,
+                ),
+                queue=written.reply_to,
+            )
     if done:
         log.info("supervisor sweep: %s", dict(done))
     return done
@@ -85,9 +86,10 @@ class NotResubmittable(Exception):
 def resubmit(
     order_id: str, *, store: StateStore, nudger: Nudger, now: datetime, pending_timeout: timedelta
 ) -> OrderState:
-    """Operator: Error -> Pending, failure count cleared, nudged. The next claim takes a
-    new attempt number (fencing out any late response of the failed attempts), and the
-    remote service sees the same idempotency key, so work it already did is not redone."""
+    """Operator: Error -> Pending where the order stopped (the stopped step, or the undos
+    that failed), failure count cleared, nudged. The next claim takes a new attempt
+    number (fencing out any late response of the failed attempts), and the remote
+    service sees the same idempotency keys, so work it already did is not redone."""
     state = store.get(order_id)
     new = lifecycle.resubmit(state, now, pending_timeout)
     if new is None:

@@ -1,0 +1,154 @@
+"""Workflows declared as data: an ordered list of steps, each at a remote service, with
+its action, its compensating action (or none) and its policy.
+
+This is the one place a workflow is written down. Queues, app settings, agent
+functions, the Bicep and the tests all follow from it (``core.names`` derives the
+names; tests/infra ties them to the Bicep). Adding a step is one :class:`Step` here
+plus the remote's URL setting (``REMOTE_<NAME>_URL``) if its service is new.
+
+Definitions are versioned: an order records the workflow name and version it started
+on and finishes on that definition, so a new version must be added beside the old
+one (in :data:`WORKFLOWS`), never edited in place while orders may be in flight.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields, replace
+from enum import Enum
+
+#: Remote service and step names become queue names, app-setting names and function
+#: names: lower-case letters and digits only, starting with a letter.
+_NAME = re.compile(r"^[a-z][a-z0-9]{0,30}$")
+
+
+class Kind(str, Enum):
+    """What a line of the workflow does at its remote service."""
+
+    ACTION = "action"
+    COMPENSATION = "compensation"
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    """How one step is run and supervised; ``None`` takes the app setting's default.
+
+    ============================  =====================================
+    field                         default app setting
+    ============================  =====================================
+    ``timeout_seconds``           ``STEP_TIMEOUT_SECONDS``
+    ``max_failures``              ``MAX_FAILURES``
+    ``agent_max_calls``           ``AGENT_MAX_CALLS``
+    ``agent_backoff_initial``     ``AGENT_BACKOFF_INITIAL_SECONDS``
+    ``agent_backoff_max``         ``AGENT_BACKOFF_MAX_SECONDS``
+    ============================  =====================================
+
+    A compensation runs with the policy of the step it undoes.
+    """
+
+    timeout_seconds: float | None = None
+    max_failures: int | None = None
+    agent_max_calls: int | None = None
+    agent_backoff_initial: float | None = None
+    agent_backoff_max: float | None = None
+
+    def over(self, defaults: StepPolicy) -> StepPolicy:
+        """This policy with every unset field taken from ``defaults``."""
+        return replace(
+            defaults, **{f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        )
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    #: The remote service: its agent function, request queue and URL setting follow from it.
+    remote: str
+    #: ``POST {remote base URL}/{action}``.
+    action: str
+    #: The action that undoes ``action`` (``POST {base}/{compensate}``), or None when
+    #: the step cannot be undone (keep such steps last: see the README).
+    compensate: str | None = None
+    policy: StepPolicy = field(default_factory=StepPolicy)
+
+    def __post_init__(self) -> None:
+        for what, value in (("step", self.name), ("remote", self.remote), ("action", self.action)):
+            if not _NAME.match(value):
+                raise ValueError(f"{what} name {value!r} must be lower-case letters and digits, starting with a letter")
+        if self.compensate is not None and not _NAME.match(self.compensate):
+            raise ValueError(f"compensation name {self.compensate!r} must be lower-case letters and digits")
+
+    def action_of(self, kind: Kind) -> str | None:
+        return self.action if kind is Kind.ACTION else self.compensate
+
+
+@dataclass(frozen=True)
+class Workflow:
+    name: str
+    version: int
+    steps: tuple[Step, ...]
+
+    def __post_init__(self) -> None:
+        if not self.steps:
+            raise ValueError(f"workflow {self.name} v{self.version} has no steps")
+        names = [step.name for step in self.steps]
+        if len(set(names)) != len(names):
+            raise ValueError(f"workflow {self.name} v{self.version} repeats a step name: {names}")
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.name, self.version
+
+    def __str__(self) -> str:
+        return f"{self.name} v{self.version}"
+
+
+#: The order workflow: reserve stock, take the payment, ship. Shipping cannot be undone,
+#: so it comes last: once it is done the order is Processed.
+ORDER_WORKFLOW = Workflow(
+    "order",
+    1,
+    (
+        Step("reserve", remote="inventory", action="reserve", compensate="release"),
+        Step("charge", remote="payments", action="charge", compensate="refund"),
+        Step("ship", remote="shipping", action="ship", compensate=None),
+    ),
+)
+
+#: Every definition an order may be running on, by (name, version). Keep old versions
+#: here until no order runs on them.
+WORKFLOWS: dict[tuple[str, int], Workflow] = {w.key: w for w in (ORDER_WORKFLOW,)}
+
+#: What a new order starts on.
+CURRENT = ORDER_WORKFLOW
+
+
+class UnknownWorkflow(LookupError):
+    """An order names a workflow definition this app does not have."""
+
+
+def workflow(name: str, version: int) -> Workflow:
+    try:
+        return WORKFLOWS[(name, version)]
+    except KeyError:
+        raise UnknownWorkflow(f"no workflow {name} v{version} (known: {sorted(WORKFLOWS)})") from None
+
+
+def remotes(workflows: dict[tuple[str, int], Workflow] = WORKFLOWS) -> tuple[str, ...]:
+    """Every remote service some registered definition calls, in first-use order: each
+    has an agent function and a request queue (old versions' too, for orders in flight)."""
+    seen: dict[str, None] = {}
+    for definition in workflows.values():
+        for step in definition.steps:
+            seen.setdefault(step.remote, None)
+    return tuple(seen)
+
+
+def actions(remote: str, workflows: dict[tuple[str, int], Workflow] = WORKFLOWS) -> dict[str, str | None]:
+    """The actions a remote service is called with, each mapped to its compensation."""
+    return {
+        step.action: step.compensate
+        for definition in workflows.values()
+        for step in definition.steps
+        if step.remote == remote
+    }

@@ -1,0 +1,427 @@
+"""The multi-step workflow with compensation, decided by core.lifecycle and carried out
+by scheduler.dispatch and supervisor.supervision through the real StateStore, over an
+in-memory table that enforces ETags like Table Storage: no service needed.
+
+Agents are played by the test: it answers each agent request the scheduler sends.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from adapters.store import StateStore
+from core import lifecycle, workflow as workflows
+from core.lifecycle import SupervisorPolicy
+from core.models import (
+    AgentRequest,
+    AgentResponse,
+    LineState,
+    Nudge,
+    OrderRequest,
+    Outcome,
+    ProcessState,
+    Status,
+    idempotency_key,
+)
+from core.workflow import Kind, Step, StepPolicy, Workflow
+from scheduler import dispatch
+from supervisor import supervision
+from tests.memtable import MemoryTable
+
+T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
+DEFAULTS = StepPolicy(
+    timeout_seconds=30, max_failures=3, agent_max_calls=3, agent_backoff_initial=0.1, agent_backoff_max=1
+)
+POLICY = SupervisorPolicy(
+    max_failures=3,
+    step_timeout=timedelta(seconds=30),
+    pending_timeout=timedelta(seconds=30),
+    backoff_base=timedelta(seconds=2),
+    backoff_cap=timedelta(seconds=60),
+)
+
+
+class Publisher:
+    """Records what the app sends."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, AgentRequest]] = []
+        self.statuses = []
+        self.alerts = []
+
+    def send_agent_request(self, request, *, queue, reply_to, now):
+        self.requests.append((queue, request))
+        return True
+
+    def send_status(self, event, *, queue):
+        self.statuses.append(event)
+        return True
+
+    def send_alert(self, alert, *, queue, attempt):
+        self.alerts.append(alert)
+
+
+class Nudger:
+    def __init__(self) -> None:
+        self.nudges: list[tuple[Nudge, timedelta]] = []
+
+    def nudge(self, nudge, *, delay=timedelta(0)):
+        self.nudges.append((nudge, delay))
+
+
+class World:
+    """One order's world: the store over an in-memory table, the scheduler, a clock."""
+
+    def __init__(self, definition: Workflow = workflows.ORDER_WORKFLOW) -> None:
+        self.table = MemoryTable()
+        self.store = StateStore(self.table)
+        self.publisher = Publisher()
+        self.nudger = Nudger()
+        self.now = T0
+        self.definition = definition
+        self.scheduler = dispatch.Scheduler(
+            store=self.store,
+            publisher=self.publisher,
+            instance="host-1",
+            defaults=DEFAULTS,
+            requests_queues={remote: f"{remote}-requests" for remote in workflows.remotes()},
+            responses_queue="agent-responses",
+            alerts_queue="alerts",
+        )
+
+    def submit(self, order_id: str = "o-1") -> str:
+        order = OrderRequest.model_validate(
+            {"order_id": order_id, "customer_id": "c-1", "currency": "EUR",
+             "items": [{"sku": "sku-1", "quantity": 1, "unit_price": "10.00"}], "total": "10.00"}
+        )
+        created = self.store.create_order(
+            order, workflow=self.definition, reply_to="replies", now=self.now, pending_timeout=timedelta(seconds=30)
+        )
+        dispatch.schedule(
+            Nudge(order_id=order_id, state=created.state, document=order.document()),
+            scheduler=self.scheduler, now=self.now,
+        )
+        return order_id
+
+    @property
+    def last(self) -> AgentRequest:
+        return self.publisher.requests[-1][1]
+
+    def answer(self, outcome: Outcome = Outcome.SUCCEEDED, request: AgentRequest | None = None, **fields):
+        request = request or self.last
+        response = AgentResponse(
+            order_id=request.order_id, step=request.step, kind=request.kind, attempt=request.attempt,
+            outcome=outcome, context=request.context,
+            result=fields.get("result", {"confirmation": f"{request.action}-{request.attempt}"})
+            if outcome is Outcome.SUCCEEDED else None,
+            error=fields.get("error", "HTTP 422: no") if outcome is not Outcome.SUCCEEDED else None,
+        )
+        self.now += timedelta(seconds=1)
+        return dispatch.record(response, scheduler=self.scheduler, now=self.now)
+
+    def expire(self) -> None:
+        """The current line's deadline passes without an answer; the supervisor sweeps
+        and the scheduler takes its nudge."""
+        self.now = self.store.get("o-1").complete_by + timedelta(seconds=1)
+        supervision.sweep(
+            store=self.store, publisher=self.publisher, nudger=self.nudger, policy=POLICY, now=self.now,
+            alerts_queue="alerts",
+        )
+        nudge, delay = self.nudger.nudges[-1]
+        self.now += delay
+        dispatch.schedule(nudge, scheduler=self.scheduler, now=self.now)
+
+    def lines(self, order_id: str = "o-1") -> dict[tuple[str, Kind], LineState]:
+        return {(line.step, line.kind): line.state for line in self.store.read(order_id).lines}
+
+    def sent(self) -> list[tuple[str, str]]:
+        """(kind, action) of every agent request, in order."""
+        return [(r.kind.value, r.action) for _, r in self.publisher.requests]
+
+    def state(self, order_id: str = "o-1"):
+        return self.store.get(order_id)
+
+
+def test_steps_run_in_order_each_after_the_previous_success_is_recorded():
+    w = World()
+    w.submit()
+    assert w.sent() == [("action", "reserve")]
+    assert w.publisher.requests[-1][0] == "inventory-requests"
+    w.answer()
+    assert w.lines() == {("reserve", Kind.ACTION): LineState.DONE}
+    assert w.sent() == [("action", "reserve"), ("action", "charge")]
+    assert w.publisher.requests[-1][0] == "payments-requests"
+    assert w.last.context.results["reserve"] == {"confirmation": "reserve-1"}
+    w.answer()
+    assert w.publisher.requests[-1][0] == "shipping-requests"
+    w.answer()
+    state = w.state()
+    assert state.process_state is ProcessState.PROCESSED
+    assert w.lines() == {(s, Kind.ACTION): LineState.DONE for s in ("reserve", "charge", "ship")}
+    assert [(e.status, e.step) for e in w.publisher.statuses] == [
+        (Status.PROCESSING, "reserve"), (Status.PROCESSING, "charge"), (Status.PROCESSING, "ship"),
+        (Status.PROCESSED, None),
+    ]
+    assert w.store.active_ids() == []
+
+
+def test_recording_a_step_and_starting_the_next_is_one_transaction_with_no_read():
+    w = World()
+    w.submit()
+    before = w.table.ops.copy()
+    w.answer()
+    used = w.table.ops - before
+    assert used == {"transaction": 1}, used
+
+
+def test_refusal_at_step_2_undoes_step_1_only_and_ends_compensated():
+    w = World()
+    w.submit()
+    w.answer()
+    w.answer(Outcome.FAILED_PERMANENT, error="HTTP 422: card declined")
+    assert w.sent()[-1] == ("compensation", "release")
+    assert w.last.result == {"confirmation": "reserve-1"}  # the forward result travels with the undo
+    w.answer()
+    state = w.state()
+    assert state.process_state is ProcessState.COMPENSATED
+    assert "charge refused" in state.last_error
+    assert w.lines() == {
+        ("reserve", Kind.ACTION): LineState.DONE,
+        ("charge", Kind.ACTION): LineState.REFUSED,
+        ("reserve", Kind.COMPENSATION): LineState.DONE,
+    }
+    assert ("compensation", "refund") not in w.sent()  # a refused step applied nothing
+    assert [e.status for e in w.publisher.statuses][-2:] == [Status.COMPENSATING, Status.COMPENSATED]
+    assert w.publisher.alerts == []
+
+
+def test_refusal_at_step_3_undoes_steps_2_and_1_in_reverse_order():
+    w = World()
+    w.submit()
+    w.answer()
+    w.answer()
+    w.answer(Outcome.FAILED_PERMANENT)
+    w.answer()
+    w.answer()
+    assert w.sent() == [
+        ("action", "reserve"), ("action", "charge"), ("action", "ship"),
+        ("compensation", "refund"), ("compensation", "release"),
+    ]
+    assert w.state().process_state is ProcessState.COMPENSATED
+
+
+def test_refusal_at_step_1_ends_compensated_with_nothing_to_undo():
+    w = World()
+    w.submit()
+    w.answer(Outcome.FAILED_PERMANENT)
+    assert w.sent() == [("action", "reserve")]
+    assert w.state().process_state is ProcessState.COMPENSATED
+
+
+def test_a_step_that_exhausts_its_failures_is_undone_too_since_it_may_have_been_applied():
+    w = World()
+    w.submit()
+    w.answer()
+    charge_key = w.last.idempotency_key
+    for _ in range(3):  # three attempts of charge time out
+        w.expire()
+    assert [k for k, a in w.sent()].count("action") == 4  # reserve + 3 charge attempts
+    assert {r.idempotency_key for _, r in w.publisher.requests if r.action == "charge"} == {charge_key}
+    assert w.sent()[-1] == ("compensation", "refund")
+    assert w.last.result is None  # outcome unknown: no result to undo by
+    assert w.last.idempotency_key != charge_key
+    assert w.last.idempotency_key == idempotency_key("o-1", "charge", "refund")
+    w.answer()
+    assert w.sent()[-1] == ("compensation", "release")
+    w.answer()
+    assert w.state().process_state is ProcessState.COMPENSATED
+    assert w.lines()[("charge", Kind.ACTION)] is LineState.EXHAUSTED
+    assert [e.step for e in w.publisher.statuses if e.status is Status.RETRYING] == ["charge", "charge"]
+
+
+def test_a_step_that_cannot_be_undone_and_exhausts_its_failures_stops_in_error_for_an_operator():
+    w = World()
+    w.submit()
+    w.answer()
+    w.answer()
+    ship_key = w.last.idempotency_key
+    for _ in range(3):
+        w.expire()
+    state = w.state()
+    assert state.process_state is ProcessState.ERROR
+    assert "cannot be undone" in state.last_error
+    assert [k for k, _ in w.sent()].count("compensation") == 0
+    assert len(w.publisher.alerts) == 1
+
+    # The operator resubmits: ship runs again, same key, and the order completes.
+    supervision.resubmit("o-1", store=w.store, nudger=w.nudger, now=w.now, pending_timeout=timedelta(seconds=30))
+    dispatch.schedule(w.nudger.nudges[-1][0], scheduler=w.scheduler, now=w.now)
+    assert w.sent()[-1] == ("action", "ship") and w.last.idempotency_key == ship_key
+    w.answer()
+    assert w.state().process_state is ProcessState.PROCESSED
+
+
+def test_a_compensation_that_keeps_failing_ends_in_error_with_one_alert_and_resubmit_finishes_it():
+    w = World()
+    w.submit()
+    w.answer()
+    w.answer()
+    w.answer(Outcome.FAILED_PERMANENT)  # ship refused: undo charge, then reserve
+    w.answer()  # refund done
+    release_key = w.last.idempotency_key
+    assert w.sent()[-1] == ("compensation", "release")
+    for _ in range(3):
+        w.expire()
+    state = w.state()
+    assert state.process_state is ProcessState.ERROR
+    assert "reserve" in state.last_error
+    assert len(w.publisher.alerts) == 1
+    assert w.publisher.alerts[0].failed_compensations == ["reserve"]
+    assert w.lines()[("reserve", Kind.COMPENSATION)] is LineState.FAILED
+
+    supervision.resubmit("o-1", store=w.store, nudger=w.nudger, now=w.now, pending_timeout=timedelta(seconds=30))
+    dispatch.schedule(w.nudger.nudges[-1][0], scheduler=w.scheduler, now=w.now)
+    assert w.sent()[-1] == ("compensation", "release")  # only the failed undo: refund is not redone
+    assert w.last.idempotency_key == release_key
+    assert w.last.result == {"confirmation": "reserve-1"}
+    w.answer()
+    assert w.state().process_state is ProcessState.COMPENSATED
+    assert w.sent().count(("compensation", "refund")) == 1
+    assert len(w.publisher.alerts) == 1
+
+
+def test_a_refused_compensation_is_recorded_and_the_others_still_run():
+    w = World()
+    w.submit()
+    w.answer()
+    w.answer()
+    w.answer(Outcome.FAILED_PERMANENT)
+    w.answer(Outcome.FAILED_PERMANENT, error="HTTP 409: already settled")  # refund refused
+    assert w.sent()[-1] == ("compensation", "release")
+    w.answer()
+    state = w.state()
+    assert state.process_state is ProcessState.ERROR
+    assert w.publisher.alerts[0].failed_compensations == ["charge"]
+
+
+def test_duplicate_and_stale_responses_during_compensation_change_nothing():
+    w = World()
+    w.submit()
+    w.answer()
+    charge = w.last
+    w.answer(Outcome.FAILED_PERMANENT)
+    release = w.last
+    before = (w.state(), w.table.rows("o-1"), len(w.publisher.requests))
+    # the refusal again (duplicate), and a late success of the same charge attempt (stale)
+    assert w.answer(Outcome.FAILED_PERMANENT, request=charge) is None
+    assert w.answer(Outcome.SUCCEEDED, request=charge) is None
+    assert (w.state(), w.table.rows("o-1"), len(w.publisher.requests)) == before
+    w.answer(request=release)
+    assert w.answer(request=release) is None  # the undo's answer again
+    assert w.state().process_state is ProcessState.COMPENSATED
+
+
+def test_a_response_after_the_supervisor_reset_the_line_is_fenced_out():
+    w = World()
+    w.submit()
+    first = w.last
+    w.expire()  # attempt 1 timed out; attempt 2 was claimed and sent
+    assert w.last.attempt == first.attempt + 1
+    assert w.answer(request=first) is None
+    assert w.state().step == "reserve"
+    w.answer()
+    assert w.state().step == "charge"
+
+
+def test_overlapping_supervisors_act_once_on_an_expired_line():
+    w = World()
+    w.submit()
+    w.now = w.state().complete_by + timedelta(seconds=1)
+    stale = w.state()
+    done = supervision.sweep(
+        store=w.store, publisher=w.publisher, nudger=w.nudger, policy=POLICY, now=w.now, alerts_queue="alerts"
+    )
+    assert done["retry"] == 1
+    # a second supervisor decided on the row as it was before the first one wrote
+    assert w.store.transition(stale, lifecycle.supervise(stale, w.now, POLICY).next_state) is None
+    assert w.state().failure_count == 1
+
+
+def test_competing_schedulers_claim_a_line_once():
+    w = World()
+    order_id = "o-1"
+    order = OrderRequest.model_validate(
+        {"order_id": order_id, "customer_id": "c-1", "currency": "EUR",
+         "items": [{"sku": "s", "quantity": 1, "unit_price": "1.00"}], "total": "1.00"}
+    )
+    created = w.store.create_order(
+        order, workflow=w.definition, reply_to=None, now=w.now, pending_timeout=timedelta(seconds=30)
+    )
+    nudge = Nudge(order_id=order_id, state=created.state, document=order.document())
+    first = dispatch.schedule(nudge, scheduler=w.scheduler, now=w.now)
+    second = dispatch.schedule(nudge, scheduler=w.scheduler, now=w.now)
+    assert first is not None and second is None
+    assert len(w.publisher.requests) == 1
+
+
+def test_the_supervisor_never_names_a_business_step():
+    import inspect
+
+    source = inspect.getsource(supervision) + inspect.getsource(lifecycle.supervise)
+    for step in workflows.ORDER_WORKFLOW.steps:
+        for name in (step.name, step.action, step.compensate, step.remote):
+            if name:
+                assert name not in source
+
+
+def test_an_order_in_flight_finishes_on_the_definition_it_started_with(monkeypatch):
+    w = World()
+    w.submit()
+    w.answer()  # reserve done on v1
+    v2 = Workflow("order", 2, (Step("charge", remote="payments", action="charge", compensate="refund"),))
+    monkeypatch.setitem(workflows.WORKFLOWS, v2.key, v2)
+    monkeypatch.setattr(workflows, "CURRENT", v2)
+    w.answer()
+    w.answer()
+    assert w.sent() == [("action", "reserve"), ("action", "charge"), ("action", "ship")]
+    state = w.state()
+    assert (state.workflow, state.workflow_version, state.process_state) == ("order", 1, ProcessState.PROCESSED)
+
+
+def test_an_order_whose_definition_is_gone_ends_in_error_with_an_alert(monkeypatch):
+    w = World()
+    w.submit()
+    monkeypatch.delitem(workflows.WORKFLOWS, ("order", 1))
+    w.answer()
+    state = w.state()
+    assert state.process_state is ProcessState.ERROR and "no workflow order v1" in state.last_error
+    assert len(w.publisher.alerts) == 1
+
+
+def test_per_step_policy_overrides_the_app_defaults(monkeypatch):
+    slow = Workflow(
+        "slow", 1,
+        (Step("reserve", remote="inventory", action="reserve", compensate="release",
+              policy=StepPolicy(timeout_seconds=120, max_failures=1, agent_max_calls=9)),),
+    )
+    monkeypatch.setitem(workflows.WORKFLOWS, slow.key, slow)
+    w = World(slow)
+    w.submit()
+    state = w.state()
+    assert state.complete_by == w.now + timedelta(seconds=120)
+    assert state.max_failures == 1
+    assert w.last.policy.max_calls == 9
+    assert w.last.policy.backoff_initial == DEFAULTS.agent_backoff_initial
+    w.expire()  # one failure is the limit: given up at once, undone
+    assert w.sent()[-1] == ("compensation", "release")
+
+
+@pytest.mark.parametrize("kind", list(Kind))
+def test_idempotency_keys_differ_between_an_action_and_its_compensation_and_between_orders(kind):
+    step = workflows.ORDER_WORKFLOW.steps[0]
+    key = idempotency_key("o-1", step.name, step.action_of(kind))
+    assert key == idempotency_key("o-1", step.name, step.action_of(kind))
+    assert key != idempotency_key("o-2", step.name, step.action_of(kind))
+    assert idempotency_key("o-1", step.name, step.action) != idempotency_key("o-1", step.name, step.compensate)
