@@ -1,12 +1,17 @@
+"""The pure lifecycle decisions, one transition at a time (whole orders: test_workflow.py)."""
+
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from core import lifecycle
 from core.lifecycle import SupervisorPolicy, Verdict
-from core.models import AgentResponse, OrderState, Outcome, ProcessState
+from core.models import AgentResponse, Context, LineState, OrderState, Outcome, ProcessState
+from core.workflow import ORDER_WORKFLOW as WF
+from core.workflow import Kind, StepPolicy
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+DEFAULTS = StepPolicy(timeout_seconds=30, max_failures=3, agent_max_calls=6, agent_backoff_initial=0.2, agent_backoff_max=5)
 POLICY = SupervisorPolicy(
     max_failures=3,
     step_timeout=timedelta(seconds=30),
@@ -17,10 +22,10 @@ POLICY = SupervisorPolicy(
 
 
 def pending() -> OrderState:
-    return lifecycle.new_order("o-1", T0, timedelta(seconds=20), None).model_copy(update={"etag": "e0"})
+    return lifecycle.new_order("o-1", WF, T0, timedelta(seconds=20), None).model_copy(update={"etag": "e0"})
 
 
-def processing(attempt=1, failures=0) -> OrderState:
+def processing(attempt=1, failures=0, index=0, kind=Kind.ACTION, **more) -> OrderState:
     return pending().model_copy(
         update={
             "process_state": ProcessState.PROCESSING,
@@ -28,32 +33,59 @@ def processing(attempt=1, failures=0) -> OrderState:
             "failure_count": failures,
             "locked_by": "i1",
             "complete_by": T0 + timedelta(seconds=30),
+            "step_index": index,
+            "step": WF.steps[index].name,
+            "kind": kind,
+            **more,
         }
     )
 
 
-def response(attempt=1, outcome=Outcome.SUCCEEDED) -> AgentResponse:
-    return AgentResponse(order_id="o-1", step="fulfil", attempt=attempt, outcome=outcome, error="nope")
+def response(state: OrderState, attempt=None, outcome=Outcome.SUCCEEDED) -> AgentResponse:
+    return AgentResponse(
+        order_id="o-1", step=state.step, kind=state.kind, attempt=state.attempt if attempt is None else attempt,
+        outcome=outcome, error="nope", result={"ok": 1}, context=Context(fence=state, order={}),
+    )
 
 
-def test_claim_takes_a_new_attempt_and_deadline():
-    claimed = lifecycle.claim(pending(), "i1", T0, timedelta(seconds=30))
+def test_a_new_order_is_pending_at_its_first_step_on_the_current_definition():
+    state = pending()
+    assert (state.workflow, state.workflow_version, state.step_index, state.step, state.kind) == (
+        "order", 1, 0, "reserve", Kind.ACTION,
+    )
+
+
+def test_claim_takes_a_new_attempt_and_the_steps_deadline():
+    claimed = lifecycle.claim(pending(), WF, "i1", T0, DEFAULTS).state
     assert claimed.process_state is ProcessState.PROCESSING
     assert claimed.attempt == 1 and claimed.locked_by == "i1"
     assert claimed.complete_by == T0 + timedelta(seconds=30)
-    assert lifecycle.claim(claimed, "i2", T0, timedelta(seconds=30)) is None
+    assert claimed.max_failures == 3
+    assert lifecycle.claim(claimed, WF, "i2", T0, DEFAULTS) is None
 
 
-def test_response_is_fenced_by_attempt_and_state():
-    assert lifecycle.complete(processing(attempt=2), response(attempt=1), T0) is None
-    done = lifecycle.complete(processing(attempt=2), response(attempt=2), T0)
-    assert done.process_state is ProcessState.PROCESSED and done.locked_by is None
-    assert lifecycle.complete(done, response(attempt=2), T0) is None
+def test_response_is_fenced_by_attempt_step_and_state():
+    state = processing(attempt=2)
+    assert lifecycle.complete(state, response(state, attempt=1), WF, "i1", T0, DEFAULTS) is None
+    other = processing(attempt=2, index=1)
+    assert lifecycle.complete(other, response(state), WF, "i1", T0, DEFAULTS) is None
+    nxt = lifecycle.complete(state, response(state), WF, "i1", T0, DEFAULTS)
+    assert nxt.state.step == "charge" and nxt.state.attempt == 3 and nxt.dispatch
+    assert [(line.step, line.state, line.result) for line in nxt.lines] == [("reserve", LineState.DONE, {"ok": 1})]
 
 
-def test_permanent_failure_is_error_with_reason():
-    failed = lifecycle.complete(processing(), response(outcome=Outcome.FAILED_PERMANENT), T0)
-    assert failed.process_state is ProcessState.ERROR and failed.last_error == "nope"
+def test_the_last_step_done_is_processed():
+    state = processing(index=2)
+    done = lifecycle.complete(state, response(state), WF, "i1", T0, DEFAULTS)
+    assert done.state.process_state is ProcessState.PROCESSED and not done.dispatch and done.state.locked_by is None
+
+
+def test_a_refusal_starts_undoing_the_steps_before_it():
+    state = processing(index=2)
+    undo = lifecycle.complete(state, response(state, outcome=Outcome.FAILED_PERMANENT), WF, "i1", T0, DEFAULTS)
+    assert (undo.state.kind, undo.state.step, undo.state.plan) == (Kind.COMPENSATION, "charge", (0,))
+    assert undo.state.cause == "step ship refused: nope"
+    assert [line.state for line in undo.lines] == [LineState.REFUSED]
 
 
 @pytest.mark.parametrize("state", [pending(), processing()])
@@ -72,12 +104,18 @@ def test_expired_processing_below_threshold_is_reset_with_backoff():
     assert decision.next_state.complete_by == now + timedelta(seconds=4) + POLICY.pending_timeout
 
 
-def test_expired_processing_at_threshold_gives_up():
+def test_expired_processing_at_threshold_is_handed_back_to_the_scheduler():
     decision = lifecycle.supervise(processing(failures=2), T0 + timedelta(seconds=31), POLICY)
     assert decision.verdict is Verdict.GIVE_UP
-    assert decision.next_state.process_state is ProcessState.ERROR
+    assert decision.next_state.process_state is ProcessState.PENDING and decision.next_state.gave_up
     assert decision.next_state.failure_count == 3
     assert "gave up after 3" in decision.next_state.last_error
+    assert decision.nudge_delay == timedelta(0)
+
+
+def test_the_lines_own_failure_limit_wins_over_the_default():
+    decision = lifecycle.supervise(processing(failures=0, max_failures=1), T0 + timedelta(seconds=31), POLICY)
+    assert decision.verdict is Verdict.GIVE_UP
 
 
 def test_expired_pending_is_renudged_without_counting_a_failure():
@@ -88,7 +126,8 @@ def test_expired_pending_is_renudged_without_counting_a_failure():
 
 
 def test_terminal_rows_only_leave_the_index():
-    done = lifecycle.complete(processing(), response(), T0)
+    state = processing(index=2)
+    done = lifecycle.complete(state, response(state), WF, "i1", T0, DEFAULTS).state
     assert lifecycle.supervise(done, T0 + timedelta(days=1), POLICY).verdict is Verdict.DROP_INDEX
 
 
@@ -102,3 +141,9 @@ def test_resubmit_only_from_error_and_clears_failures():
     again = lifecycle.resubmit(failed, T0, timedelta(seconds=20))
     assert again.process_state is ProcessState.PENDING and again.failure_count == 0 and again.attempt == 3
     assert lifecycle.resubmit(pending(), T0, timedelta(seconds=20)) is None
+
+
+def test_resubmit_after_failed_undos_runs_only_those_in_reverse_order():
+    failed = lifecycle.fail(processing(index=0, kind=Kind.COMPENSATION, failed=(0, 1)), "could not undo", T0)
+    again = lifecycle.resubmit(failed, T0, timedelta(seconds=20))
+    assert (again.kind, again.step_index, again.plan, again.failed) == (Kind.COMPENSATION, 1, (0,), ())

@@ -63,6 +63,7 @@ def test_unicode_text_is_accepted_and_document_is_canonical():
     assert parse(json.loads(order.document())) == order
 
 
-def test_idempotency_key_is_stable_per_order_and_step():
-    assert idempotency_key("o-1", "fulfil") == idempotency_key("o-1", "fulfil")
-    assert idempotency_key("o-1", "fulfil") != idempotency_key("o-2", "fulfil")
+def test_idempotency_key_is_stable_per_order_step_and_action():
+    assert idempotency_key("o-1", "reserve", "reserve") == idempotency_key("o-1", "reserve", "reserve")
+    assert idempotency_key("o-1", "reserve", "reserve") != idempotency_key("o-2", "reserve", "reserve")
+    assert idempotency_key("o-1", "reserve", "reserve") != idempotency_key("o-1", "reserve", "release")

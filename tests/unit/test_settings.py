@@ -1,9 +1,9 @@
 import pytest
 from pydantic import ValidationError
 
-from adapters.settings import Settings
+from adapters.settings import MissingSetting, Settings
 
-BASE = {"AzureWebJobsStorage": "UseDevelopmentStorage=true", "ServiceBusConnection": "Endpoint=sb://x/;SharedAccessKeyName=k;SharedAccessKey=v", "REMOTE_SERVICE_URL": "http://127.0.0.1:1"}
+BASE = {"AzureWebJobsStorage": "UseDevelopmentStorage=true", "ServiceBusConnection": "Endpoint=sb://x/;SharedAccessKeyName=k;SharedAccessKey=v", "REMOTE_INVENTORY_URL": "http://127.0.0.1:1/inventory"}
 
 
 def test_defaults_and_names(monkeypatch):
@@ -18,22 +18,39 @@ def test_defaults_and_names(monkeypatch):
 def test_identity_based_connections_are_enough(monkeypatch):
     monkeypatch.setenv("AzureWebJobsStorage__accountName", "acct")
     monkeypatch.setenv("ServiceBusConnection__fullyQualifiedNamespace", "ns.servicebus.windows.net")
-    monkeypatch.setenv("REMOTE_SERVICE_URL", "https://remote.example")
     settings = Settings()
     assert settings.storage_account_name == "acct"
     assert settings.servicebus_namespace == "ns.servicebus.windows.net"
 
 
-def test_missing_required_setting_names_it(monkeypatch):
-    monkeypatch.setenv("AzureWebJobsStorage", "UseDevelopmentStorage=true")
-    monkeypatch.setenv("ServiceBusConnection", BASE["ServiceBusConnection"])
-    monkeypatch.delenv("REMOTE_SERVICE_URL", raising=False)
-    with pytest.raises(ValidationError, match="REMOTE_SERVICE_URL"):
-        Settings()
+def test_each_remote_service_has_its_url_and_queue_settings(monkeypatch):
+    for key, value in BASE.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PAYMENTS_REQUESTS_QUEUE", "pay-in")
+    settings = Settings(REMOTE_SHIPPING_URL="https://ship.example/api")
+    assert settings.remote_url("inventory") == "http://127.0.0.1:1/inventory"
+    assert settings.remote_url("shipping") == "https://ship.example/api"
+    assert settings.requests_queues == {"inventory": "inventory-requests", "payments": "pay-in", "shipping": "shipping-requests"}
+
+
+def test_a_missing_remote_url_names_its_setting(monkeypatch):
+    for key, value in BASE.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("REMOTE_PAYMENTS_URL", raising=False)
+    with pytest.raises(MissingSetting, match="REMOTE_PAYMENTS_URL"):
+        Settings().remote_url("payments")
+
+
+def test_step_defaults_come_from_the_app_settings(monkeypatch):
+    for key, value in BASE.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("STEP_TIMEOUT_SECONDS", "12")
+    monkeypatch.setenv("AGENT_MAX_CALLS", "4")
+    defaults = Settings().step_defaults()
+    assert (defaults.timeout_seconds, defaults.max_failures, defaults.agent_max_calls) == (12.0, 3, 4)
 
 
 def test_missing_connection_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("REMOTE_SERVICE_URL", "http://x")
     monkeypatch.setenv("ServiceBusConnection", BASE["ServiceBusConnection"])
     monkeypatch.delenv("AzureWebJobsStorage", raising=False)
     with pytest.raises(ValidationError, match="no storage connection"):
