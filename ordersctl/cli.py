@@ -16,10 +16,11 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from core import names
-from core.models import OrderRequest, ProcessState, utcnow
 from adapters.settings import Settings
-from core.models import explain
+from core import names
+from core.models import OrderRequest, ProcessState, explain, utcnow
+from core.progress import progress
+from core.workflow import UnknownWorkflow, workflow
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help=__doc__.split("\n")[0])
 out = Console()
@@ -50,10 +51,8 @@ def load_settings(path: Path | None) -> Settings:
         values = json.loads(path.read_text(encoding="utf-8")).get("Values", {})
         for key, value in values.items():
             os.environ.setdefault(key, str(value))
-    # The CLI never calls the remote service, so it does not need its URL.
-    overrides = {} if os.environ.get("REMOTE_SERVICE_URL") else {"REMOTE_SERVICE_URL": "http://unused-by-the-cli"}
     try:
-        return Settings(**overrides)
+        return Settings()
     except ValidationError as error:
         raise fail(f"settings: {explain(error)}") from error
 
@@ -146,7 +145,8 @@ def watch_status(
     with ctx.servicebus() as client, client.get_queue_receiver(queue, max_wait_time=timeout) as receiver:
         for message in receiver:
             event = json.loads(str(message))
-            out.print(f"{event['time']}  {event['order_id']}  [bold]{event['status']}[/bold]  {event.get('detail') or ''}")
+            step = f"({event['step']})" if event.get("step") else ""
+            out.print(f"{event['time']}  {event['order_id']}  [bold]{event['status']}[/bold]{step}  {event.get('detail') or ''}")
             receiver.complete_message(message)
             seen += 1
             if count is not None and seen >= count:
@@ -155,38 +155,80 @@ def watch_status(
         err.print(f"no status events on {queue} within {timeout:g}s")
 
 
+def _ago(when) -> str:
+    left = (when - utcnow()).total_seconds()
+    return "in %.0fs" % left if left >= 0 else "%.0fs ago" % -left
+
+
 @app.command()
 def status(
     order_id: Annotated[str, typer.Argument(help="The order id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object (for scripts).")] = False,
     settings: SettingsFile = None,
 ) -> None:
-    """Show an order's state: state, attempts, failures, last error, time to deadline."""
+    """Show an order: its state, and every step and compensation (state, attempt,
+    failures, last error, result)."""
     from adapters.store import OrderNotFound
 
     ctx = _context(settings)
     try:
-        document, state = ctx.services.store.read(order_id)
+        record = ctx.services.store.read(order_id)
     except OrderNotFound as error:
         raise fail(str(error)) from error
-    order = json.loads(document)
+    state, order = record.state, json.loads(record.document)
+    try:
+        steps = [line.model_dump(mode="json") for line in progress(state, workflow(state.workflow, state.workflow_version), record.lines)]
+    except UnknownWorkflow as error:
+        steps = [{"error": str(error)}]
+    if as_json:
+        document = {
+            "order_id": state.order_id,
+            "state": state.process_state.value,
+            "workflow": state.workflow,
+            "workflow_version": state.workflow_version,
+            "step": state.step,
+            "kind": state.kind.value,
+            "attempt": state.attempt,
+            "failure_count": state.failure_count,
+            "locked_by": state.locked_by,
+            "complete_by": state.complete_by.isoformat(),
+            "last_error": state.last_error,
+            "cause": state.cause,
+            "reply_to": state.reply_to,
+            "created_at": state.created_at.isoformat(),
+            "updated_at": state.updated_at.isoformat(),
+            "order": order,
+            "steps": steps,
+        }
+        print(json.dumps(document, indent=2))
+        return
     table = Table(show_header=False, box=None)
-    left = (state.complete_by - utcnow()).total_seconds()
     rows = [
         ("order", state.order_id),
-        ("state", state.process_state.value),
+        ("state", state.process_state.value + (" (undoing)" if state.compensating and not state.process_state.terminal else "")),
+        ("workflow", f"{state.workflow} v{state.workflow_version}"),
         ("customer", order["customer_id"]),
         ("items / total", f"{len(order['items'])} / {order['total']} {order['currency']}"),
         ("attempt", str(state.attempt)),
-        ("failures", str(state.failure_count)),
         ("locked by", state.locked_by or "-"),
-        ("complete by", f"{state.complete_by.isoformat()} ({'in %.0fs' % left if left >= 0 else '%.0fs ago' % -left})"),
+        ("complete by", f"{state.complete_by.isoformat()} ({_ago(state.complete_by)})"),
         ("last error", state.last_error or "-"),
+        ("undone because", state.cause or "-"),
         ("reply to", state.reply_to or "-"),
         ("created / updated", f"{state.created_at.isoformat()} / {state.updated_at.isoformat()}"),
     ]
     for key, value in rows:
         table.add_row(f"[bold]{key}[/bold]", value)
     out.print(table)
+    lines = Table("step", "kind", "action", "state", "attempt", "failures", "last error / result")
+    for line in steps:
+        if "error" in line:
+            lines.add_row(line["error"], "", "", "", "", "", "")
+            continue
+        detail = line["last_error"] or (json.dumps(line["result"]) if line["result"] else "")
+        lines.add_row(line["step"], line["kind"], line["action"] or "-", line["state"],
+                      str(line["attempt"] or "-"), str(line["failure_count"]), detail[:80])
+    out.print(lines)
 
 
 @app.command("list")
@@ -228,10 +270,11 @@ def alerts(
     """Show operator alerts (orders that ended in Error)."""
     ctx = _context(settings)
     messages = _peek(ctx, ctx.settings.alerts_queue, dead_letter=False, most=most, take=take)
-    table = Table("time", "order", "failures", "last error")
+    table = Table("time", "order", "could not undo", "last error")
     for message in messages:
         alert = json.loads(str(message))
-        table.add_row(alert["time"], alert["order_id"], str(alert["failure_count"]), (alert.get("last_error") or "")[:100])
+        table.add_row(alert["time"], alert["order_id"], ", ".join(alert.get("failed_compensations") or []) or "-",
+                      (alert.get("last_error") or "")[:100])
     out.print(table)
     out.print(f"{len(messages)} alert(s)" + (" taken" if take else " (peeked; --take removes them)"))
 
@@ -274,7 +317,8 @@ def resubmit(
     order_id: Annotated[str, typer.Argument(help="An order in Error.")],
     settings: SettingsFile = None,
 ) -> None:
-    """Send an order in Error back to Pending (failure count cleared) and nudge the scheduler."""
+    """Send an order in Error back where it stopped (the stopped step, or the undos that
+    failed), failure count cleared, and nudge the scheduler. Done steps are not redone."""
     from adapters.store import OrderNotFound
     from supervisor.supervision import NotResubmittable
     from supervisor.supervision import resubmit as do_resubmit

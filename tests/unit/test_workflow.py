@@ -425,3 +425,29 @@ def test_idempotency_keys_differ_between_an_action_and_its_compensation_and_betw
     assert key == idempotency_key("o-1", step.name, step.action_of(kind))
     assert key != idempotency_key("o-2", step.name, step.action_of(kind))
     assert idempotency_key("o-1", step.name, step.action) != idempotency_key("o-1", step.name, step.compensate)
+
+
+def test_progress_shows_every_step_and_every_compensation_as_the_order_goes():
+    from core.progress import progress
+
+    w = World()
+
+    def view():
+        record = w.store.read("o-1")
+        return [(v.step, v.kind.value, v.state) for v in progress(record.state, w.definition, record.lines)]
+
+    w.submit()
+    assert view() == [("reserve", "action", "Running"), ("charge", "action", "NotStarted"), ("ship", "action", "NotStarted")]
+    w.answer()
+    w.answer()
+    w.answer(Outcome.FAILED_PERMANENT)  # ship refused: undo charge now, reserve next
+    assert view() == [
+        ("reserve", "action", "Done"), ("charge", "action", "Done"), ("ship", "action", "Refused"),
+        ("charge", "compensation", "Running"), ("reserve", "compensation", "Planned"),
+    ]
+    w.answer()
+    w.answer()
+    assert view()[-2:] == [("charge", "compensation", "Done"), ("reserve", "compensation", "Done")]
+    record = w.store.read("o-1")
+    charge = progress(record.state, w.definition, record.lines)[1]
+    assert charge.result == {"confirmation": "charge-2"} and charge.attempt == 2
