@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core import names
+from core.workflow import remotes
 from devtools import azurite as azurite_launcher
 from devtools import fake_remote
 
@@ -47,6 +48,8 @@ class LocalStack:
     servicebus_port: int = 0
     remote_port: int = 0
     storage_ports: dict[str, int] | None = None
+    #: Remote services served elsewhere: remote name -> base URL (the fake one serves the rest).
+    remote_urls: dict[str, str] = field(default_factory=dict)
     log_dir: Path = ROOT / "demo-output" / "logs"
 
     def __post_init__(self) -> None:
@@ -79,10 +82,17 @@ class LocalStack:
         return azurite_launcher.start(self.storage_ports)
 
     def _start_remote(self):
+        if all(remote in self.remote_urls for remote in remotes()):
+            return None  # every remote service is served elsewhere
         return fake_remote.start(
             port=self.remote_port, rates=self.remote_rates or None, seed=self.remote_seed,
             slow_seconds=self.remote_slow_seconds,
         )
+
+    def remote_url(self, remote: str) -> str:
+        """The base URL the agents use for a remote service: the one given, else the fake
+        remote's, which serves every remote service at ``{url}/{service}``."""
+        return self.remote_urls.get(remote) or f"{self.remote.url}/{remote}"
 
     def _provision_storage(self) -> None:
         """Create the tables and storage queues, as the Bicep does in Azure."""
@@ -122,7 +132,7 @@ class LocalStack:
             **app_names(),
             names.STORAGE_CONNECTION: self.azurite.connection_string,
             names.SERVICEBUS_CONNECTION: self.servicebus_connection_string,
-            "REMOTE_SERVICE_URL": self.remote.url,
+            **{names.remote_url_setting(remote): self.remote_url(remote) for remote in remotes()},
             **self.settings,
         }
 

@@ -16,12 +16,31 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from core.workflow import remotes
 from devtools.localstack import ROOT, LocalStack
 
 console = Console()
 
 
+def _pairs(values: list[str] | None, what: str) -> dict[str, str]:
+    pairs = {}
+    for text in values or []:
+        name, sep, value = text.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise typer.BadParameter(f"{text!r}: expected {what}")
+        pairs[name.strip()] = value.strip()
+    return pairs
+
+
 def main(
+    remote: Annotated[
+        list[str] | None,
+        typer.Option(help=f"NAME=URL: use this base URL for remote service NAME ({', '.join(remotes())}) "
+                          "instead of the fake one. Repeatable."),
+    ] = None,
+    setting: Annotated[
+        list[str] | None, typer.Option(help="NAME=VALUE: an app setting for every host. Repeatable.")
+    ] = None,
     hosts: Annotated[int, typer.Option(min=1, max=4, help="Local Functions host processes.")] = 1,
     servicebus_port: Annotated[int, typer.Option(help="Service Bus emulator port.")] = 5672,
     remote_port: Annotated[int, typer.Option(help="Fake remote service port.")] = 7081,
@@ -29,11 +48,16 @@ def main(
     settings_out: Annotated[Path, typer.Option(help="Where to write a settings file for ordersctl.")] = ROOT / "demo-output" / "run.settings.json",
 ) -> None:
     """Run the whole system locally in the foreground (Ctrl-C stops it)."""
+    remote_urls = _pairs(remote, "NAME=URL, e.g. payments=http://127.0.0.1:9000/payments")
+    unknown = sorted(set(remote_urls) - set(remotes()))
+    if unknown:
+        raise typer.BadParameter(f"unknown remote service(s) {', '.join(unknown)}; known: {', '.join(remotes())}")
     stack = LocalStack(
         servicebus_port=servicebus_port,
         remote_port=remote_port,
         storage_ports={"Blob": 10000, "Queue": 10001, "Table": 10002} if standard_storage_ports else None,
-        settings={"SUPERVISOR_SCHEDULE": "*/5 * * * * *"},
+        settings={"SUPERVISOR_SCHEDULE": "*/5 * * * * *", **_pairs(setting, "NAME=VALUE, e.g. MAX_FAILURES=5")},
+        remote_urls=remote_urls,
     )
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
@@ -43,7 +67,8 @@ def main(
         console.print("[bold]The local stack is running.[/bold]")
         console.print(f"  Service Bus : {stack.servicebus_connection_string}")
         console.print(f"  Storage     : {stack.azurite.connection_string}")
-        console.print(f"  Remote      : {stack.remote.url}")
+        for name in remotes():
+            console.print(f"  Remote      : {name:<10} {stack.remote_url(name)}")
         console.print(f"  Host logs   : {', '.join(str(p) for p in stack.host_logs)}")
         console.print(f"\nSend an order from another shell:\n  .venv/bin/python -m ordersctl --help\n"
                       f"  .venv/bin/python -m ordersctl send-order --settings {settings_out} "

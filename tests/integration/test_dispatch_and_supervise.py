@@ -1,5 +1,7 @@
 """Scheduler, completion and supervisor steps as plain functions on the local stack
-(Azurite + the Service Bus emulator), each transition checked with its guard."""
+(Azurite + the Service Bus emulator), each transition checked with its guard. Whole
+workflows with every compensation path are in tests/unit/test_workflow.py (in-memory
+table); here the same code runs against the real services."""
 
 from __future__ import annotations
 
@@ -8,10 +10,11 @@ from datetime import timedelta
 
 from azure.storage.queue import QueueClient
 
-from core.models import STEP, AgentRequest, AgentResponse, Nudge, Outcome, ProcessState, utcnow
 from adapters.wiring import services
+from core.models import AgentRequest, AgentResponse, LineState, Nudge, Outcome, ProcessState, utcnow
+from core.workflow import Kind
 from scheduler import dispatch
-from scheduler.blueprint import submit_order
+from scheduler.blueprint import scheduler, submit_order
 from supervisor.supervision import NotResubmittable, policy_from, resubmit, sweep
 from tests.factories import Captured, order_json, servicebus_message
 from tests.servicebus_helpers import bodies, receive
@@ -26,18 +29,21 @@ def submit(order_id: str, reply_to: str | None = None) -> Nudge:
 
 
 def schedule(nudge: Nudge, now=None, instance="i1"):
-    s = services()
-    return dispatch.schedule(
-        nudge, store=s.store, publisher=s.publisher, instance=instance, now=now or utcnow(),
-        step_timeout=s.settings.step_timeout, requests_queue=s.settings.agent_requests_queue,
-        responses_queue=s.settings.agent_responses_queue,
-    )
+    ctx = scheduler(services())
+    if instance != ctx.instance:
+        from dataclasses import replace
+
+        ctx = replace(ctx, instance=instance)
+    return dispatch.schedule(nudge, scheduler=ctx, now=now or utcnow())
 
 
 def record(response: AgentResponse, now=None):
-    s = services()
-    return dispatch.record(response, store=s.store, publisher=s.publisher, now=now or utcnow(),
-                           alerts_queue=s.settings.alerts_queue)
+    return dispatch.record(response, scheduler=scheduler(services()), now=now or utcnow())
+
+
+def last_request(app_settings, servicebus_emulator, remote: str) -> AgentRequest:
+    (message,) = receive(servicebus_emulator.connection_string, app_settings[f"{remote.upper()}_REQUESTS_QUEUE"], 1)
+    return AgentRequest.model_validate_json(str(message))
 
 
 def supervise(now):
@@ -47,8 +53,8 @@ def supervise(now):
 
 
 def answer(request: AgentRequest, outcome=Outcome.SUCCEEDED, **fields) -> AgentResponse:
-    return AgentResponse(order_id=request.order_id, step=request.step, attempt=request.attempt,
-                         outcome=outcome, fence=request.fence, **fields)
+    return AgentResponse(order_id=request.order_id, step=request.step, kind=request.kind, attempt=request.attempt,
+                         outcome=outcome, context=request.context, **fields)
 
 
 def nudges_waiting(include_invisible=False) -> list[Nudge]:
@@ -65,30 +71,43 @@ def test_schedule_claims_once_and_sends_a_request_that_expires_at_complete_by(ap
     assert schedule(nudge, instance="i2") is None  # the same nudge twice: the second loses the claim
     state = services().store.get("o-1")
     assert (state.process_state, state.attempt, state.locked_by) == (ProcessState.PROCESSING, 1, "i1")
-    assert request.idempotency_key and request.payload["order_id"] == "o-1"
-    (message,) = receive(servicebus_emulator.connection_string, app_settings["AGENT_REQUESTS_QUEUE"], 1)
-    assert message.message_id == f"o-1:{STEP}:1"
+    assert request.idempotency_key and request.order["order_id"] == "o-1"
+    assert (request.step, request.kind, request.action, request.remote) == ("reserve", Kind.ACTION, "reserve", "inventory")
+    (message,) = receive(servicebus_emulator.connection_string, app_settings["INVENTORY_REQUESTS_QUEUE"], 1)
+    assert message.message_id == "o-1:reserve:1"
+    assert message.subject == "reserve"
     assert message.correlation_id == "o-1"
     assert message.reply_to == app_settings["AGENT_RESPONSES_QUEUE"]
     assert timedelta(seconds=25) < message.time_to_live <= timedelta(seconds=30)
 
 
-def test_success_is_recorded_once_and_leaves_the_active_index(app_settings, servicebus_emulator):
+def test_each_step_goes_to_its_own_agent_queue_and_the_last_success_leaves_the_index(
+    app_settings, servicebus_emulator
+):
     servicebus_emulator.declare_queue("replies-o2")
-    request = schedule(submit("o-2", reply_to="replies-o2"))
-    done = record(answer(request, result={"confirmation": "c"}))
+    schedule(submit("o-2", reply_to="replies-o2"))
+    for step, remote in (("reserve", "inventory"), ("charge", "payments"), ("ship", "shipping")):
+        sent = last_request(app_settings, servicebus_emulator, remote)
+        assert sent.step == step
+        done = record(answer(sent, result={"confirmation": f"c-{step}"}))
+        assert record(answer(sent)) is None  # a duplicate response changes nothing
     assert done.process_state is ProcessState.PROCESSED
-    stored = services().store.get("o-2")
-    assert record(answer(request)) is None  # a duplicate response
-    assert services().store.get("o-2") == stored
+    record_ = services().store.read("o-2")
+    assert {(line.step, line.state) for line in record_.lines} == {
+        ("reserve", LineState.DONE), ("charge", LineState.DONE), ("ship", LineState.DONE)
+    }
+    assert {line.step: line.result for line in record_.lines}["charge"] == {"confirmation": "c-charge"}
     assert services().store.active_ids() == []
-    events = bodies(receive(servicebus_emulator.connection_string, "replies-o2", 3))
-    assert [e["status"] for e in events] == ["received", "processing", "processed"]
+    events = bodies(receive(servicebus_emulator.connection_string, "replies-o2", 5))
+    assert [(e["status"], e.get("step")) for e in events] == [
+        ("received", None), ("processing", "reserve"), ("processing", "charge"), ("processing", "ship"),
+        ("processed", None),
+    ]
 
 
 def test_a_stale_attempt_changes_nothing(app_settings):
     request = schedule(submit("o-3"))
-    stale = answer(request).model_copy(update={"attempt": 0, "fence": None})
+    stale = answer(request).model_copy(update={"attempt": 0})
     assert record(stale) is None
     assert services().store.get("o-3").process_state is ProcessState.PROCESSING
 
@@ -98,22 +117,31 @@ def test_a_stale_fence_is_decided_again_on_the_row(app_settings):
     s = services()
     current = s.store.get("o-4")
     s.store.write(current, current.model_copy(update={"last_error": "touched"}))  # the ETag moves
-    assert record(answer(request)).process_state is ProcessState.PROCESSED
+    assert record(answer(request)).step == "charge"
 
 
-def test_permanent_failure_is_error_with_one_alert(app_settings, servicebus_emulator):
-    request = schedule(submit("o-5"))
-    failed = record(answer(request, Outcome.FAILED_PERMANENT, error="HTTP 422: no such sku"))
-    assert failed.process_state is ProcessState.ERROR and "422" in failed.last_error
-    (alert,) = bodies(receive(servicebus_emulator.connection_string, app_settings["ALERTS_QUEUE"], 2, timeout=3))
-    assert alert["order_id"] == "o-5" and "422" in alert["last_error"]
+def test_a_refusal_at_step_2_is_undone_in_one_transaction_each_and_ends_compensated(app_settings, servicebus_emulator):
+    schedule(submit("o-5"))
+    record(answer(last_request(app_settings, servicebus_emulator, "inventory"), result={"hold": "h-1"}))
+    charge = last_request(app_settings, servicebus_emulator, "payments")
+    undoing = record(answer(charge, Outcome.FAILED_PERMANENT, error="HTTP 422: card declined"))
+    assert (undoing.process_state, undoing.kind, undoing.step) == (ProcessState.PROCESSING, Kind.COMPENSATION, "reserve")
+    release = last_request(app_settings, servicebus_emulator, "inventory")
+    assert (release.kind, release.action, release.result) == (Kind.COMPENSATION, "release", {"hold": "h-1"})
+    assert release.idempotency_key not in {charge.idempotency_key}
+    done = record(answer(release))
+    assert done.process_state is ProcessState.COMPENSATED and "card declined" in done.last_error
+    assert receive(servicebus_emulator.connection_string, app_settings["ALERTS_QUEUE"], 1, timeout=1) == []
+    assert services().store.active_ids() == []
 
 
-def test_supervisor_resets_with_backoff_then_gives_up_with_an_alert(app_settings, servicebus_emulator):
+def test_supervisor_resets_with_backoff_then_gives_up_and_the_scheduler_undoes_the_step(
+    app_settings, servicebus_emulator
+):
     servicebus_emulator.declare_queue("replies-o6")
     s = services()
     schedule(submit("o-6", reply_to="replies-o6"))
-    receive(servicebus_emulator.connection_string, app_settings["AGENT_REQUESTS_QUEUE"], 1)
+    receive(servicebus_emulator.connection_string, app_settings["INVENTORY_REQUESTS_QUEUE"], 1)
     now = utcnow()
     for failure in range(1, s.settings.max_failures):
         now += s.settings.step_timeout + timedelta(seconds=1)
@@ -128,12 +156,18 @@ def test_supervisor_resets_with_backoff_then_gives_up_with_an_alert(app_settings
     now += s.settings.step_timeout + timedelta(seconds=1)
     assert supervise(now)["give_up"] == 1
     state = s.store.get("o-6")
-    assert state.process_state is ProcessState.ERROR and state.failure_count == s.settings.max_failures
+    assert state.process_state is ProcessState.PENDING and state.gave_up
+    assert state.failure_count == s.settings.max_failures
+    # The supervisor only handed it back: the scheduler undoes reserve (its outcome is unknown).
+    (nudge,) = nudges_waiting()
+    release = schedule(nudge, now=now)
+    assert (release.kind, release.action) == (Kind.COMPENSATION, "release")
+    done = record(answer(release), now=now)
+    assert done.process_state is ProcessState.COMPENSATED
     assert supervise(now + timedelta(hours=1)) == {}  # not retried after that
-    alerts = bodies(receive(servicebus_emulator.connection_string, app_settings["ALERTS_QUEUE"], 2, timeout=3))
-    assert [a["order_id"] for a in alerts] == ["o-6"]
     statuses = [e["status"] for e in bodies(receive(servicebus_emulator.connection_string, "replies-o6", 10, timeout=3))]
-    assert statuses.count("retrying") == s.settings.max_failures - 1 and statuses[-1] == "failed"
+    assert statuses.count("retrying") == s.settings.max_failures - 1
+    assert statuses[-2:] == ["compensating", "compensated"]
 
 
 def test_expired_pending_is_nudged_again_without_a_failure(app_settings):
@@ -167,7 +201,7 @@ def test_two_overlapping_supervisors_act_once_per_row(app_settings, storage_conn
     assert {s.store.get(f"o-8-{i}").failure_count for i in range(20)} == {1}
 
 
-def test_resubmit_only_from_error(app_settings):
+def test_resubmit_only_from_error_and_it_continues_with_the_failed_undo(app_settings, servicebus_emulator):
     s = services()
     request = schedule(submit("o-9"))
     try:
@@ -175,9 +209,19 @@ def test_resubmit_only_from_error(app_settings):
         raise AssertionError("resubmitted a Processing order")
     except NotResubmittable as refused:
         assert "Processing" in str(refused)
-    record(answer(request, Outcome.FAILED_PERMANENT, error="bad"))
+    record(answer(request))  # reserve done
+    charge = last_request(app_settings, servicebus_emulator, "payments")
+    record(answer(charge, Outcome.FAILED_PERMANENT, error="declined"))
+    release = last_request(app_settings, servicebus_emulator, "inventory")
+    failed = record(answer(release, Outcome.FAILED_PERMANENT, error="HTTP 404: no such hold"))
+    assert failed.process_state is ProcessState.ERROR
+    (alert,) = bodies(receive(servicebus_emulator.connection_string, app_settings["ALERTS_QUEUE"], 2, timeout=3))
+    assert alert["order_id"] == "o-9" and alert["failed_compensations"] == ["reserve"]
     again = resubmit("o-9", store=s.store, nudger=s.nudger, now=utcnow(), pending_timeout=s.settings.pending_timeout)
-    assert (again.process_state, again.failure_count) == (ProcessState.PENDING, 0)
+    assert (again.process_state, again.failure_count, again.step) == (ProcessState.PENDING, 0, "reserve")
     assert [row[0] for row in s.store.active_ids()] == ["o-9"]
     retried = schedule(nudges_waiting()[0])
-    assert retried.attempt == 2  # a new fencing token: the failed attempt's responses stay stale
+    assert (retried.action, retried.idempotency_key) == ("release", release.idempotency_key)
+    assert retried.attempt == release.attempt + 1  # a new fencing token: the failed attempt's responses stay stale
+    assert record(answer(release)) is None
+    assert record(answer(retried)).process_state is ProcessState.COMPENSATED

@@ -10,26 +10,37 @@ from datetime import datetime, timedelta
 import pytest
 from azure.data.tables import TableClient, TableTransactionError
 
-from core import lifecycle
-from core.models import OrderRequest, ProcessState, utcnow
 from adapters.store import ACTIVE_PARTITION, ConcurrencyConflict, OrderConflict, OrderNotFound, StateStore
+from core import lifecycle
+from core.models import AgentResponse, Context, LineState, OrderRequest, Outcome, ProcessState, utcnow
+from core.workflow import ORDER_WORKFLOW, StepPolicy
 from tests.factories import order_json
 
 PENDING = timedelta(seconds=30)
 STEP = timedelta(seconds=30)
+DEFAULTS = StepPolicy(timeout_seconds=30, max_failures=3, agent_max_calls=1, agent_backoff_initial=1, agent_backoff_max=1)
 
 
 def new_order(store: StateStore, order_id: str | None = None, **fields):
     order = OrderRequest.model_validate_json(order_json(order_id, **fields))
-    return order, store.create_order(order, reply_to=None, now=utcnow(), pending_timeout=PENDING)
+    return order, store.create_order(
+        order, workflow=ORDER_WORKFLOW, reply_to=None, now=utcnow(), pending_timeout=PENDING
+    )
+
+
+def claim(store: StateStore, order_id: str, instance: str, now, *, hint=None):
+    """What the scheduler's claim writes: None if not Pending or the race was lost."""
+    state = hint or store.get(order_id)
+    transition = lifecycle.claim(state, ORDER_WORKFLOW, instance, now, DEFAULTS)
+    return None if transition is None else store.transition(state, transition.state, transition.lines)
 
 
 def test_create_writes_order_state_and_index(store):
     order, created = new_order(store)
     assert created.created and created.state.process_state is ProcessState.PENDING
-    document, state = store.read(order.order_id)
-    assert document == order.document()
-    assert state == created.state
+    record = store.read(order.order_id)
+    assert record.document == order.document()
+    assert record.state == created.state and record.lines == ()
     assert [row[0] for row in store.active_ids()] == [order.order_id]
 
 
@@ -48,7 +59,9 @@ def test_a_transaction_with_a_failing_operation_leaves_no_row(orders_table: Tabl
 
 def test_same_order_again_is_a_no_op(store):
     order, first = new_order(store)
-    again = store.create_order(order, reply_to=None, now=utcnow() + timedelta(seconds=5), pending_timeout=PENDING)
+    again = store.create_order(
+        order, workflow=ORDER_WORKFLOW, reply_to=None, now=utcnow() + timedelta(seconds=5), pending_timeout=PENDING
+    )
     assert not again.created
     assert again.state == first.state  # nothing rewritten: same ETag, same times
 
@@ -57,10 +70,10 @@ def test_different_content_under_the_same_id_is_refused_and_changes_nothing(stor
     order, first = new_order(store)
     other = order.model_copy(update={"customer_id": "someone-else"})
     with pytest.raises(OrderConflict) as raised:
-        store.create_order(other, reply_to=None, now=utcnow(), pending_timeout=PENDING)
+        store.create_order(other, workflow=ORDER_WORKFLOW, reply_to=None, now=utcnow(), pending_timeout=PENDING)
     assert raised.value.existing == order.document()
-    document, state = store.read(order.order_id)
-    assert document == order.document() and state == first.state
+    record = store.read(order.order_id)
+    assert record.document == order.document() and record.state == first.state
 
 
 def test_times_are_stored_as_edm_datetime_and_filter_as_dates(store, orders_table):
@@ -77,13 +90,13 @@ def test_times_are_stored_as_edm_datetime_and_filter_as_dates(store, orders_tabl
 def test_claim_is_guarded_by_the_etag(store):
     _, created = new_order(store)
     now = utcnow()
-    claimed = store.claim(created.state.order_id, "i1", now, STEP, hint=created.state)
+    claimed = claim(store, created.state.order_id, "i1", now, hint=created.state)
     assert claimed.process_state is ProcessState.PROCESSING and claimed.attempt == 1
-    # A second claimer with the same (now stale) snapshot re-reads and finds it taken.
-    assert store.claim(created.state.order_id, "i2", now, STEP, hint=created.state) is None
+    # A second claimer with the same (now stale) snapshot is refused.
+    assert claim(store, created.state.order_id, "i2", now, hint=created.state) is None
     # Writing any decision on the stale snapshot is refused.
     with pytest.raises(ConcurrencyConflict):
-        store.write(created.state, lifecycle.claim(created.state, "i3", now, STEP))
+        store.write(created.state, lifecycle.claim(created.state, ORDER_WORKFLOW, "i3", now, DEFAULTS).state)
     assert store.get(created.state.order_id).locked_by == "i1"
 
 
@@ -91,7 +104,7 @@ def test_claim_is_guarded_by_the_etag(store):
 def test_each_transition_is_refused_on_a_stale_etag(store, kind):
     _, created = new_order(store)
     now = utcnow()
-    claimed = store.claim(created.state.order_id, "i1", now, STEP)
+    claimed = claim(store, created.state.order_id, "i1", now)
     if kind == "complete":
         new = claimed.model_copy(update={"process_state": ProcessState.PROCESSED})
     elif kind == "fail":
@@ -103,6 +116,30 @@ def test_each_transition_is_refused_on_a_stale_etag(store, kind):
         store.write(claimed, new)
     assert store.transition(claimed, new) is None
     assert store.get(claimed.order_id) == moved
+
+
+def test_a_step_ends_and_the_next_starts_in_one_transaction_guarded_by_the_state_rows_etag(store, orders_table):
+    _, created = new_order(store)
+    now = utcnow()
+    claimed = claim(store, created.state.order_id, "i1", now)
+    response = AgentResponse(
+        order_id=claimed.order_id, step="reserve", kind=claimed.kind, attempt=claimed.attempt,
+        outcome=Outcome.SUCCEEDED, result={"hold": "h-1"}, context=Context(fence=claimed, order={}),
+    )
+    transition = lifecycle.complete(claimed, response, ORDER_WORKFLOW, "i1", now, DEFAULTS)
+    moved = store.write(claimed, claimed.model_copy(update={"last_error": "someone else"}))
+    # On a stale ETag the whole transaction is refused: no step row either.
+    with pytest.raises(ConcurrencyConflict):
+        store.write(claimed, transition.state, transition.lines)
+    assert store.read(claimed.order_id).lines == ()
+    store.ops.clear()
+    written = store.write(moved, transition.state, transition.lines)
+    assert store.ops == {"transaction": 1}
+    record = store.read(claimed.order_id)
+    assert record.state == written and written.step == "charge" and written.attempt == 2
+    assert [(line.step, line.state, line.result) for line in record.lines] == [("reserve", LineState.DONE, {"hold": "h-1"})]
+    assert record.results() == {"reserve": {"hold": "h-1"}}
+    assert orders_table.get_entity(claimed.order_id, "step-01-reserve")["LineState"] == "Done"
 
 
 def test_missing_order_is_not_found(store):
@@ -125,7 +162,7 @@ def test_sweep_reads_only_in_flight_rows(store):
     finished, in_flight = [], []
     for i in range(40):
         _, created = new_order(store)
-        claimed = store.claim(created.state.order_id, "i1", now, STEP, hint=created.state)
+        claimed = claim(store, created.state.order_id, "i1", now, hint=created.state)
         if i < 30:
             done = store.write(claimed, claimed.model_copy(update={"process_state": ProcessState.PROCESSED}))
             store.unindex(done.order_id)
@@ -148,7 +185,7 @@ def test_sweep_skips_orders_too_young_to_have_expired(store):
 
 def test_sweep_heals_an_index_row_whose_order_is_terminal_or_missing(store, orders_table):
     _, created = new_order(store)
-    claimed = store.claim(created.state.order_id, "i1", utcnow(), STEP)
+    claimed = claim(store, created.state.order_id, "i1", utcnow())
     store.write(claimed, claimed.model_copy(update={"process_state": ProcessState.PROCESSED}))
     # An orphan: index row without order rows, older than the grace period.
     orders_table.upsert_entity(
@@ -176,7 +213,7 @@ def test_race_eight_claimers_per_order_exactly_one_winner(store, orders_table, s
     now = utcnow()
 
     def attempt(order_id: str, claimer: int) -> None:
-        if own_store().claim(order_id, f"claimer-{claimer}", now, STEP) is not None:
+        if claim(own_store(), order_id, f"claimer-{claimer}", now) is not None:
             with lock:
                 winners[order_id] += 1
 
