@@ -4,7 +4,8 @@
 // resources, and the reasons for each setting, are described there.
 //
 //   az deployment sub create --location <region> --template-file infra/main.bicep \
-//     --parameters environmentName=<env> location=<region> remoteServiceUrl=<url> alertEmail=<email>
+//     --parameters environmentName=<env> location=<region> alertEmail=<email> \
+//                  remoteInventoryUrl=<url> remotePaymentsUrl=<url> remoteShippingUrl=<url>
 
 targetScope = 'subscription'
 
@@ -24,9 +25,21 @@ param environmentName string
 })
 param location string
 
+// Base URL of each remote service the workflow calls (core/workflow.py): one required
+// parameter per remote service, each becoming its app setting REMOTE_<NAME>_URL
+// (resources.bicep, remoteServices). azd reads them from the environment variables of
+// the same name (main.parameters.json).
 @minLength(1)
-@description('Base URL of the remote service the agent calls (app setting REMOTE_SERVICE_URL).')
-param remoteServiceUrl string
+@description('Base URL of the inventory service (app setting REMOTE_INVENTORY_URL). The agent POSTs <url>/<action>.')
+param remoteInventoryUrl string
+
+@minLength(1)
+@description('Base URL of the payments service (app setting REMOTE_PAYMENTS_URL). The agent POSTs <url>/<action>.')
+param remotePaymentsUrl string
+
+@minLength(1)
+@description('Base URL of the shipping service (app setting REMOTE_SHIPPING_URL). The agent POSTs <url>/<action>.')
+param remoteShippingUrl string
 
 @minLength(3)
 @description('Email address of the operator who receives alerts: dead-lettered messages and orders that ended in Error.')
@@ -45,9 +58,9 @@ param principalType string = 'User'
 @description('Name of the resource group to create. Default: rg-<environmentName>.')
 param resourceGroupName string = ''
 
-// Scheduler and supervisor policy (see core/settings.py for what each one means).
+// Scheduler and supervisor policy (see adapters/settings.py for what each one means).
 @minValue(1)
-@description('STEP_TIMEOUT_SECONDS: how long one attempt of a step may take before the supervisor counts it as failed.')
+@description('STEP_TIMEOUT_SECONDS: how long one attempt of a step may take before the supervisor counts it as failed (default for steps whose policy in core/workflow.py sets none).')
 param stepTimeoutSeconds int = 30
 
 @minValue(1)
@@ -56,7 +69,7 @@ param pendingTimeoutSeconds int = 30
 
 @minValue(1)
 @maxValue(100)
-@description('MAX_FAILURES: expired attempts after which an order goes to Error and the operator is alerted.')
+@description('MAX_FAILURES: expired attempts after which a step gives up: it and the steps before it are undone, or, if it cannot be undone, the order goes to Error and the operator is alerted (default for steps whose policy sets none).')
 param maxFailures int = 3
 
 @description('SUPERVISOR_SCHEDULE: NCRONTAB with seconds (six fields) for the supervisor\'s timer.')
@@ -94,7 +107,9 @@ module resources 'resources.bicep' = {
   params: {
     environmentName: environmentName
     location: location
-    remoteServiceUrl: remoteServiceUrl
+    remoteInventoryUrl: remoteInventoryUrl
+    remotePaymentsUrl: remotePaymentsUrl
+    remoteShippingUrl: remoteShippingUrl
     alertEmail: alertEmail
     principalId: principalId
     principalType: principalType

@@ -3,11 +3,13 @@
 // already exists, deploy this file directly:
 //
 //   az deployment group create --resource-group <rg> --template-file infra/resources.bicep \
-//     --parameters environmentName=<env> remoteServiceUrl=<url> alertEmail=<email>
+//     --parameters environmentName=<env> alertEmail=<email> \
+//                  remoteInventoryUrl=<url> remotePaymentsUrl=<url> remoteShippingUrl=<url>
 //
 //   ├─ user-assigned managed identity  (the app's only credential: no keys anywhere)
 //   ├─ storage account                 (host storage, deployment package, state tables, scheduler queue)
-//   ├─ Service Bus namespace, Standard (orders, agent-requests, agent-responses, alerts)
+//   ├─ Service Bus namespace, Standard (orders, one <remote>-requests queue per remote
+//   │                                   service, agent-responses, alerts)
 //   ├─ Log Analytics + Application Insights (Entra ID ingestion only)
 //   ├─ Flex Consumption plan + function app (Linux, Python 3.11)
 //   └─ action group (email) + metric alerts (dead letters, operator alerts)
@@ -26,9 +28,20 @@ param environmentName string
 @description('Region for every resource. It must offer the Flex Consumption plan (az functionapp list-flexconsumption-locations).')
 param location string = resourceGroup().location
 
+// Base URL of each remote service the workflow calls (core/workflow.py): one required
+// parameter per remote service, each becoming its app setting REMOTE_<NAME>_URL (see
+// remoteServices below).
 @minLength(1)
-@description('Base URL of the remote service the agent calls (app setting REMOTE_SERVICE_URL).')
-param remoteServiceUrl string
+@description('Base URL of the inventory service (app setting REMOTE_INVENTORY_URL). The agent POSTs <url>/<action>.')
+param remoteInventoryUrl string
+
+@minLength(1)
+@description('Base URL of the payments service (app setting REMOTE_PAYMENTS_URL). The agent POSTs <url>/<action>.')
+param remotePaymentsUrl string
+
+@minLength(1)
+@description('Base URL of the shipping service (app setting REMOTE_SHIPPING_URL). The agent POSTs <url>/<action>.')
+param remoteShippingUrl string
 
 @minLength(3)
 @description('Email address of the operator who receives alerts: dead-lettered messages and orders that ended in Error.')
@@ -44,9 +57,9 @@ param principalId string = ''
 @description('Kind of principal principalId is.')
 param principalType string = 'User'
 
-// Scheduler and supervisor policy (see core/settings.py for what each one means).
+// Scheduler and supervisor policy (see adapters/settings.py for what each one means).
 @minValue(1)
-@description('STEP_TIMEOUT_SECONDS: how long one attempt of a step may take before the supervisor counts it as failed.')
+@description('STEP_TIMEOUT_SECONDS: how long one attempt of a step may take before the supervisor counts it as failed (default for steps whose policy in core/workflow.py sets none).')
 param stepTimeoutSeconds int = 30
 
 @minValue(1)
@@ -55,7 +68,7 @@ param pendingTimeoutSeconds int = 30
 
 @minValue(1)
 @maxValue(100)
-@description('MAX_FAILURES: expired attempts after which an order goes to Error and the operator is alerted.')
+@description('MAX_FAILURES: expired attempts after which a step gives up: it and the steps before it are undone, or, if it cannot be undone, the order goes to Error and the operator is alerted (default for steps whose policy sets none).')
 param maxFailures int = 3
 
 @description('SUPERVISOR_SCHEDULE: NCRONTAB with seconds (six fields) for the supervisor\'s timer.')
@@ -89,12 +102,36 @@ var deploymentContainerName = 'app-package-${take(functionAppName, 32)}-${take(r
 
 // The app's queue and table names: the defaults in core/names.py.
 var ordersQueueName = 'orders'
-var agentRequestsQueueName = 'agent-requests'
 var agentResponsesQueueName = 'agent-responses'
 var alertsQueueName = 'alerts'
 var schedulerQueueName = 'scheduler'
 var ordersTableName = 'orders'
 var rejectionsTableName = 'rejections'
+
+// --- Remote services -------------------------------------------------------------------------
+// The remote services of core/workflow.py, each with its base URL. As core/names.py
+// derives them, each one gets:
+//   * a Service Bus queue '<name>-requests' for its agent function run_<name>_agent,
+//   * the app setting <NAME>_REQUESTS_QUEUE naming that queue,
+//   * the app setting REMOTE_<NAME>_URL with its base URL.
+// Names are lower-case letters and digits (core/workflow.py checks), so they are valid
+// queue names and upper-case into valid setting names. A new remote service is one
+// entry here plus its URL parameter (here, in main.bicep and in main.parameters.json);
+// tests/infra fails until every remote of core/workflow.py has all of it.
+var remoteServices = [
+  {
+    name: 'inventory'
+    url: remoteInventoryUrl
+  }
+  {
+    name: 'payments'
+    url: remotePaymentsUrl
+  }
+  {
+    name: 'shipping'
+    url: remoteShippingUrl
+  }
+]
 
 // --- Service Bus queues ----------------------------------------------------------------------
 // Every property is written out, so the values are visible here and comparable with
@@ -103,7 +140,29 @@ var rejectionsTableName = 'rejections'
 // the comments explain each departure. One departure is shared: messages expire after
 // 14 days (alerts: 7), so a queue nobody drains does not grow forever. No sessions, no
 // partitioning: ordering is not needed, and the state table serializes each order.
-var serviceBusQueues = [
+
+// Scheduler -> agent: one request queue per remote service (remoteServices above), so a
+// slow service cannot starve the others. Each request carries its own time-to-live
+// (complete-by minus now), always shorter than the queue default.
+var requestsQueues = [for remote in remoteServices: {
+  name: '${remote.name}-requests'
+  properties: {
+    // The agent stops at complete-by (the step's timeout: STEP_TIMEOUT_SECONDS, 30 s
+    // by default), so a one-minute lock, renewed by the host, outlives any attempt.
+    lockDuration: 'PT1M'
+    // Fewer redeliveries than the default: each one repeats remote calls, and the
+    // supervisor re-runs the step anyway once complete-by passes.
+    maxDeliveryCount: 5
+    defaultMessageTimeToLive: 'P14D'
+    // An expired request is DISCARDED, not dead-lettered: the pattern forbids acting
+    // after complete-by, and the supervisor recovers the step. A dead-lettered copy
+    // would only invite someone to replay it late.
+    deadLetteringOnMessageExpiration: false
+    requiresDuplicateDetection: false
+  }
+}]
+
+var serviceBusQueues = concat([
   {
     // Orders from any client.
     name: ordersQueueName
@@ -126,28 +185,11 @@ var serviceBusQueues = [
       duplicateDetectionHistoryTimeWindow: 'P1D'
     }
   }
+], requestsQueues, [
   {
-    // Scheduler -> agent. Each request carries its own time-to-live (complete-by
-    // minus now), always shorter than the queue default.
-    name: agentRequestsQueueName
-    properties: {
-      // The agent stops at complete-by (STEP_TIMEOUT_SECONDS, 30 s by default), so a
-      // one-minute lock outlives any attempt.
-      lockDuration: 'PT1M'
-      // Fewer redeliveries than the default: each one repeats remote calls, and the
-      // supervisor re-runs the step anyway once complete-by passes.
-      maxDeliveryCount: 5
-      defaultMessageTimeToLive: 'P14D'
-      // An expired request is DISCARDED, not dead-lettered: the pattern forbids acting
-      // after complete-by, and the supervisor recovers the step. A dead-lettered copy
-      // would only invite someone to replay it late.
-      deadLetteringOnMessageExpiration: false
-      requiresDuplicateDetection: false
-    }
-  }
-  {
-    // Agent -> scheduler. Duplicates and stale attempts are fenced by the app
-    // (the Attempt number), so no broker-side duplicate detection is needed.
+    // Agents -> scheduler (all remote services share it). Duplicates and stale
+    // attempts are fenced by the app (the Attempt number), so no broker-side
+    // duplicate detection is needed.
     name: agentResponsesQueueName
     properties: {
       lockDuration: 'PT1M'
@@ -174,7 +216,7 @@ var serviceBusQueues = [
       duplicateDetectionHistoryTimeWindow: 'P1D'
     }
   }
-]
+])
 
 // --- Resources -------------------------------------------------------------------------
 
@@ -248,6 +290,12 @@ module serviceBus 'core/messaging/service-bus.bicep' = {
   }
 }
 
+// Per remote service: <NAME>_REQUESTS_QUEUE names its request queue (read by its agent's
+// trigger as %<NAME>_REQUESTS_QUEUE% and by the scheduler, which sends there; the
+// queue name as in requestsQueues above), and REMOTE_<NAME>_URL is its base URL.
+var requestsQueueSettings = toObject(remoteServices, remote => '${toUpper(remote.name)}_REQUESTS_QUEUE', remote => '${remote.name}-requests')
+var remoteUrlSettings = toObject(remoteServices, remote => 'REMOTE_${toUpper(remote.name)}_URL', remote => remote.url)
+
 module functionApp 'app/function-app.bicep' = {
   name: 'functionApp'
   params: {
@@ -263,28 +311,26 @@ module functionApp 'app/function-app.bicep' = {
     applicationInsightsName: monitoring.outputs.applicationInsightsName
     maximumInstanceCount: maximumInstanceCount
     instanceMemoryMB: instanceMemoryMB
-    // What the app itself reads (core/settings.py). Every value is a name or a
-    // number: connections are identity-based, there is no secret to set.
-    appSettings: {
+    // What the app itself reads (adapters/settings.py). Every value is a name, a number
+    // or a URL: connections are identity-based, there is no secret to set.
+    appSettings: union({
       // Service Bus connection named by the triggers' `connection=` (ServiceBusConnection).
       ServiceBusConnection__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
       ServiceBusConnection__credential: 'managedidentity'
       ServiceBusConnection__clientId: identity.outputs.clientId
       // Queue and table names, read by bindings as %SETTING% and by the app.
       ORDERS_QUEUE: ordersQueueName
-      AGENT_REQUESTS_QUEUE: agentRequestsQueueName
       AGENT_RESPONSES_QUEUE: agentResponsesQueueName
       ALERTS_QUEUE: alertsQueueName
       SCHEDULER_QUEUE: schedulerQueueName
       ORDERS_TABLE: ordersTableName
       REJECTIONS_TABLE: rejectionsTableName
-      // The remote service and the scheduler/supervisor policy.
-      REMOTE_SERVICE_URL: remoteServiceUrl
+      // The scheduler/supervisor policy.
       STEP_TIMEOUT_SECONDS: string(stepTimeoutSeconds)
       PENDING_TIMEOUT_SECONDS: string(pendingTimeoutSeconds)
       MAX_FAILURES: string(maxFailures)
       SUPERVISOR_SCHEDULE: supervisorSchedule
-    }
+    }, requestsQueueSettings, remoteUrlSettings)
   }
 }
 

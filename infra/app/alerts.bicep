@@ -6,8 +6,8 @@
 //    an agent request or response that kept failing. Nothing in a dead-letter queue
 //    is processed again without an operator.
 //  * Active messages on the alerts queue: the app put an operator alert there (an
-//    order ended in Error after MAX_FAILURES expired attempts, or on a permanent
-//    failure of the remote service).
+//    order ended in Error: a step gave up after MAX_FAILURES expired attempts and
+//    cannot be undone, or an undo failed; docs/workflows.md).
 //
 // Both auto-resolve once the queue is drained (the operator CLI reads both).
 

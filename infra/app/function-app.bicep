@@ -31,7 +31,7 @@ param maximumInstanceCount int = 40
 ])
 param instanceMemoryMB int = 2048
 
-@description('The app\'s own settings (core/settings.py), merged over the host settings below.')
+@description('The app\'s own settings (adapters/settings.py), merged over the host settings below.')
 param appSettings object
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
@@ -103,7 +103,7 @@ resource app 'Microsoft.Web/sites@2024-04-01' = {
     name: 'appsettings'
     properties: union(appSettings, {
       // AzureWebJobsStorage, identity-based: the host's storage and the app's tables
-      // and scheduler queue (core/clients.py builds the endpoints from the name).
+      // and scheduler queue (adapters/clients.py builds the endpoints from the name).
       AzureWebJobsStorage__accountName: storage.name
       AzureWebJobsStorage__credential: 'managedidentity'
       AzureWebJobsStorage__clientId: identityClientId

@@ -241,6 +241,9 @@ def _bodies(node: tree_sitter.Node) -> list[tree_sitter.Node]:
 # --- evaluation ----------------------------------------------------------------------
 
 
+#: Functions that take lambdas and are evaluated here (others that do are not used).
+_LAMBDA_FUNCTIONS = {"toObject", "map", "filter"}
+
 _FUNCTION_UNKNOWN = {
     "guid", "uniqueString", "subscription", "resourceGroup", "tenant", "deployment", "environment",
     "resourceId", "reference", "utcNow", "newGuid", "managementGroup",
@@ -335,6 +338,8 @@ class _Scope:
             return (not value) if op == "!" else -value
         if t == "binary_expression":
             return self._binary(node, local)
+        if t == "lambda_expression" and local.get(("lambda body", node.id)):
+            return self.eval(_named(node)[-1], local)
         return Unknown(text)
 
     def _string(self, node: tree_sitter.Node, local: dict[str, Any]) -> Any:
@@ -397,7 +402,11 @@ class _Scope:
         name = self.t.text(fn_node)
         text = self.t.text(node)
         args_node = node.child_by_field_name("arguments")
-        args = [self.eval(a, local) for a in _named(args_node)] if args_node is not None else []
+        args = [self._argument(a, local) for a in _named(args_node)] if args_node is not None else []
+        if name in _LAMBDA_FUNCTIONS:
+            return self._lambda_call(name, text, args)
+        if any(isinstance(a, _Lambda) for a in args):
+            raise BicepError(f"{self.t.path}: a lambda is passed to {name}(), which takes none: {text}")
         if name in _FUNCTION_UNKNOWN or fn_node.type != "identifier":
             return Unknown(text, name, tuple(args))
         unknown = any(isinstance(a, (Unknown, ResourceId, ResourceRef)) for a in args)
@@ -436,6 +445,49 @@ class _Scope:
         if name in simple:
             return simple[name](*args)
         return Unknown(text, name, tuple(args))
+
+    def _argument(self, node: tree_sitter.Node, local: dict[str, Any]) -> Any:
+        lam = _leftmost_lambda(node)
+        if lam is None:
+            return self.eval(node, local)
+        params_node = _named(lam)[0]
+        names = _named(params_node) if params_node.type == "parenthesized_expression" else [params_node]
+        if not all(n.type == "identifier" for n in names):
+            raise BicepError(f"{self.t.path}: lambda parameters not understood: {self.t.text(lam)}")
+        return _Lambda(tuple(self.t.text(n) for n in names), lam, node, dict(local))
+
+    def apply(self, fn: _Lambda, *values: Any) -> Any:
+        scope = dict(fn.closure, **dict(zip(fn.params, values)))
+        scope[("lambda body", fn.node.id)] = True
+        return self.eval(fn.body, scope)
+
+    def _lambda_call(self, name: str, text: str, args: list) -> Any:
+        items, lambdas = args[0], args[1:]
+        if isinstance(items, Unknown):
+            return Unknown(text, name, tuple(args))
+        if not lambdas or not all(isinstance(f, _Lambda) for f in lambdas):
+            raise BicepError(f"{self.t.path}: {name}() needs lambdas: {text}")
+        if not isinstance(items, list):
+            raise BicepError(f"{self.t.path}: {name}() of a non-array: {text}")
+
+        def call(fn: _Lambda, item: Any, index: int) -> Any:
+            return self.apply(fn, item, index) if len(fn.params) > 1 else self.apply(fn, item)
+
+        if name == "map":
+            return [call(lambdas[0], item, i) for i, item in enumerate(items)]
+        if name == "filter":
+            kept = [(item, call(lambdas[0], item, i)) for i, item in enumerate(items)]
+            if any(isinstance(keep, Unknown) for _, keep in kept):
+                return Unknown(text, name, tuple(args))
+            return [item for item, keep in kept if keep]
+        # toObject(array, key lambda[, value lambda])
+        result: dict[str, Any] = {}
+        for item in items:
+            key = self.apply(lambdas[0], item)
+            if not isinstance(key, str):
+                return Unknown(text, name, tuple(args))
+            result[key] = self.apply(lambdas[1], item) if len(lambdas) > 1 else item
+        return result
 
     def _binary(self, node: tree_sitter.Node, local: dict[str, Any]) -> Any:
         op = self.t.text(node.child_by_field_name("operator"))
@@ -523,6 +575,33 @@ class _Scope:
 class _ModuleRef:
     def __init__(self, symbol: str):
         self.symbol = symbol
+
+
+@dataclass(frozen=True)
+class _Lambda:
+    """``x => body`` passed to toObject/map/filter: applied by :meth:`_Scope.apply`.
+
+    The pinned grammar binds ``=>`` tighter than Bicep does: ``r => r.url`` parses as
+    ``(r => r).url``. So the lambda is the whole argument (``body``), and the
+    ``lambda_expression`` node inside it (``node``) stands for its own body.
+    """
+
+    params: tuple[str, ...]
+    node: tree_sitter.Node
+    body: tree_sitter.Node
+    closure: dict
+
+
+def _leftmost_lambda(node: tree_sitter.Node) -> tree_sitter.Node | None:
+    """The lambda_expression an argument starts with (itself, or mis-nested under it)."""
+    while node is not None:
+        if node.type == "lambda_expression":
+            return node
+        named = _named(node)
+        if not named or named[0].start_byte != node.start_byte:
+            return None
+        node = named[0]
+    return None
 
 
 _ESCAPES = {"\\'": "'", "\\\\": "\\", "\\n": "\n", "\\r": "\r", "\\t": "\t", "\\$": "$"}

@@ -9,17 +9,43 @@ from pathlib import Path
 
 import pytest
 
+from core.workflow import remotes
 from tests.infra import bicep
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
 MAIN = INFRA / "main.bicep"
 
-#: Parameters as `azd up` would pass them (values are made up; none is a secret).
+
+def url_parameter(remote: str) -> str:
+    """The main.bicep parameter with a remote service's base URL: ``inventory`` ->
+    ``remoteInventoryUrl`` (for the app setting ``REMOTE_INVENTORY_URL``)."""
+    return f"remote{remote[:1].upper()}{remote[1:]}Url"
+
+
+def remote_url(remote: str) -> str:
+    """The made-up base URL the tests deploy for a remote service."""
+    return f"https://{remote}.example.test"
+
+
+def _declared_url_parameters() -> set[str]:
+    # A remote of core.workflow whose parameter main.bicep lacks is left out here, so
+    # the other tests still run; test_app_consistency reports the missing parameter.
+    try:
+        declared = bicep.template(MAIN.resolve()).params
+    except (OSError, bicep.BicepError):
+        return set()  # test_bicep_file_parses reports it
+    return {url_parameter(remote) for remote in remotes()} & set(declared)
+
+
+_URL_PARAMETERS = _declared_url_parameters()
+
+#: Parameters as `azd up` would pass them (values are made up; none is a secret): one
+#: base-URL parameter per remote service of core.workflow.
 DEPLOY_PARAMS = {
     "environmentName": "ci",
     "location": "swedencentral",
-    "remoteServiceUrl": "https://remote.example.test",
+    **{url_parameter(r): remote_url(r) for r in remotes() if url_parameter(r) in _URL_PARAMETERS},
     "alertEmail": "operator@example.test",
 }
 #: A deploying developer's object id, to check the roles principalId grants.

@@ -1,16 +1,28 @@
 """The templates provision what the app uses: what its bindings name, what core/names.py
-lists, and every app setting its Settings class needs. No Azure needed."""
+lists, a request queue and a base URL for every remote service of core/workflow.py, and
+every app setting its Settings class needs. No Azure needed."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
 from core import names
+from core.workflow import remotes
 from adapters.settings import Settings
 from tests.infra import bicep
-from tests.infra.conftest import DEPLOY_PARAMS, MAIN, app_settings_of, names_of
+from tests.infra.conftest import (
+    DEPLOY_PARAMS,
+    INFRA,
+    MAIN,
+    ROOT,
+    app_settings_of,
+    names_of,
+    remote_url,
+    url_parameter,
+)
 
 SB_QUEUE = "Microsoft.ServiceBus/namespaces/queues"
 STORAGE_QUEUE = "Microsoft.Storage/storageAccounts/queueServices/queues"
@@ -133,7 +145,86 @@ def test_both_connections_are_identity_based(deployed_settings):
     assert_identity_connection(names.STORAGE_CONNECTION, TABLE, deployed_settings)
 
 
-# --- core/settings.py ---------------------------------------------------------------------
+# --- core/workflow.py: one request queue and one base URL per remote service ----------------
+
+REMOTES = remotes()
+
+
+def test_the_workflows_call_remote_services():
+    assert REMOTES, "core.workflow names no remote service: the per-remote tests would check nothing"
+
+
+@pytest.mark.parametrize("remote", REMOTES)
+def test_each_remote_has_a_required_url_parameter(remote):
+    """main.bicep and resources.bicep take the base URL as a required, documented
+    parameter, and main.parameters.json reads it from the azd environment variable
+    named like the app setting."""
+    parameter, setting = url_parameter(remote), names.remote_url_setting(remote)
+    for path in (MAIN, INFRA / "resources.bicep"):
+        declared = bicep.template(path.resolve()).params
+        assert parameter in declared, f"{path.name}: no parameter {parameter} for remote service {remote!r} ({setting})"
+        assert declared[parameter].node is None, f"{path.name}: {parameter} must be required (no default)"
+        declaration = re.search(
+            rf"@minLength\(1\)\n@description\('[^\n]*\b{setting}\b[^\n]*'\)\nparam {parameter} string\n",
+            path.read_text(),
+        )
+        assert declaration, f"{path.name}: {parameter} needs @minLength(1) and a @description naming {setting}"
+    parameters = json.loads((INFRA / "main.parameters.json").read_text())["parameters"]
+    assert parameters.get(parameter) == {"value": f"${{{setting}}}"}, f"main.parameters.json: {parameter}"
+
+
+@pytest.mark.parametrize("remote", REMOTES)
+def test_each_remote_gets_its_url_setting_from_its_parameter(remote):
+    other = f"https://other-{remote}.example.test/base"
+    deployed = app_settings_of(bicep.evaluate(MAIN, {**DEPLOY_PARAMS, url_parameter(remote): other}))
+    assert deployed.get(names.remote_url_setting(remote)) == other
+    for neighbour in REMOTES:
+        if neighbour != remote:
+            assert deployed.get(names.remote_url_setting(neighbour)) == remote_url(neighbour)
+
+
+@pytest.mark.parametrize("remote", REMOTES)
+def test_each_remote_has_its_agent_request_queue(remote, function_bindings, deployment, deployed_settings):
+    """The agent function run_<remote>_agent is triggered by %<REMOTE>_REQUESTS_QUEUE%,
+    which the Bicep sets to the <remote>-requests queue it provisions, with the
+    properties of core.names.SERVICEBUS_QUEUES."""
+    queue, setting = names.requests_queue(remote), names.requests_queue_setting(remote)
+    agent = names.agent_function(remote)
+    assert agent in function_bindings, f"no agent function {agent} for remote service {remote!r}"
+    triggers = [b for b in function_bindings[agent] if b["type"] == "serviceBusTrigger"]
+    assert [b["queueName"] for b in triggers] == [f"%{setting}%"], f"{agent}: {triggers}"
+    assert deployed_settings.get(setting) == queue, f"app setting {setting} must name the queue {queue!r}"
+    provisioned = {q.name: q.properties for q in deployment.of_type(SB_QUEUE)}
+    assert queue in provisioned, f"no Service Bus queue {queue!r} for remote service {remote!r}"
+    (spec,) = [q for q in names.SERVICEBUS_QUEUES if q.name == queue]  # all properties: the test above
+    assert provisioned[queue]["maxDeliveryCount"] == spec.max_delivery_count, queue
+    assert provisioned[queue]["deadLetteringOnMessageExpiration"] is spec.dead_letter_on_expiry, queue
+
+
+def test_no_queue_setting_or_parameter_for_a_remote_the_workflows_do_not_call(deployment, deployed_settings):
+    queues = {name for name in names_of(deployment, SB_QUEUE) if name.endswith("-requests")}
+    assert queues == {names.requests_queue(r) for r in REMOTES}
+    queue_settings = {k for k in deployed_settings if k.endswith("_REQUESTS_QUEUE")}
+    assert queue_settings == {names.requests_queue_setting(r) for r in REMOTES}
+    url_settings = {k for k in deployed_settings if re.fullmatch(r"REMOTE_\w+_URL", k)}
+    assert url_settings == set(names.REMOTE_URL_SETTINGS.values())
+    for path in (MAIN, INFRA / "resources.bicep"):
+        parameters = {p for p in bicep.template(path.resolve()).params if re.fullmatch(r"remote\w*Url", p)}
+        assert parameters == {url_parameter(r) for r in REMOTES}, path.name
+
+
+def test_local_settings_template_names_the_same_queues_and_remotes():
+    """local.settings.template.json (what `make setup` copies for the local stack) sets
+    every name setting to its core.names default and a base URL for every remote."""
+    values = json.loads((ROOT / "local.settings.template.json").read_text())["Values"]
+    assert {k: values.get(k) for k in names.NAME_SETTINGS} == names.NAME_SETTINGS
+    urls = {k for k in values if re.fullmatch(r"REMOTE_\w+_URL", k)}
+    assert urls == set(names.REMOTE_URL_SETTINGS.values())
+    queue_settings = {k for k in values if k.endswith("_REQUESTS_QUEUE")}
+    assert queue_settings == {names.requests_queue_setting(r) for r in REMOTES}
+
+
+# --- adapters/settings.py ------------------------------------------------------------------
 
 
 def aliases(field) -> list[str]:
@@ -143,7 +234,9 @@ def aliases(field) -> list[str]:
 
 def test_every_required_setting_is_set(deployed_settings):
     required = {name: aliases(f) for name, f in Settings.model_fields.items() if f.is_required()}
-    assert required, "Settings has no required field: this test would check nothing"
+    # Per remote service, not fields of their own: each agent fails without its URL.
+    required |= {f"remote_urls[{remote}]": [setting] for remote, setting in names.REMOTE_URL_SETTINGS.items()}
+    assert required, "no setting is required: this test would check nothing"
     for field, field_aliases in required.items():
         assert any(a in deployed_settings for a in field_aliases), f"Settings.{field}: none of {field_aliases} is set"
 
@@ -153,6 +246,9 @@ def test_settings_validate_from_the_deployed_app_settings(deployed_settings, mon
     for field in Settings.model_fields.values():
         for alias in aliases(field):
             monkeypatch.delenv(alias, raising=False)
+    for remote in REMOTES:  # read from the environment by name, not as fields
+        monkeypatch.delenv(names.remote_url_setting(remote), raising=False)
+        monkeypatch.delenv(names.requests_queue_setting(remote), raising=False)
     for key, value in deployed_settings.items():
         monkeypatch.setenv(key, value if isinstance(value, str) else f"placeholder-for-{key}")
     settings = Settings()
@@ -160,13 +256,17 @@ def test_settings_validate_from_the_deployed_app_settings(deployed_settings, mon
     assert settings.storage_client_id and settings.servicebus_client_id
     assert settings.orders_queue == names.ORDERS_QUEUE
     assert settings.scheduler_queue == names.SCHEDULER_QUEUE
+    assert settings.requests_queues == {remote: names.requests_queue(remote) for remote in REMOTES}
+    assert settings.remote_urls == {remote: remote_url(remote) for remote in REMOTES}
+    for remote in REMOTES:
+        assert settings.remote_url(remote) == remote_url(remote)
     assert settings.supervisor_schedule == names.DEFAULT_SUPERVISOR_SCHEDULE
     assert (settings.step_timeout_seconds, settings.pending_timeout_seconds, settings.max_failures) == (30, 30, 3)
 
 
 #: App setting -> (main.bicep parameter, a value to pass, what the setting must become).
+#: (Each remote service's REMOTE_<NAME>_URL: test_each_remote_gets_its_url_setting_from_its_parameter.)
 TUNING = {
-    "REMOTE_SERVICE_URL": ("remoteServiceUrl", "https://other.example.test", "https://other.example.test"),
     "STEP_TIMEOUT_SECONDS": ("stepTimeoutSeconds", 41, "41"),
     "PENDING_TIMEOUT_SECONDS": ("pendingTimeoutSeconds", 43, "43"),
     "MAX_FAILURES": ("maxFailures", 7, "7"),

@@ -70,6 +70,41 @@ def test_parser_accepts_a_valid_snippet():
     assert bicep.syntax_errors("param x string = 'a'\noutput y string = '${x}-b'\n") == []
 
 
+LAMBDAS = """param items array = [
+  {
+    name: 'a'
+    url: 'https://a.test'
+  }
+  {
+    name: 'b'
+    url: 'https://b.test'
+  }
+]
+output settings object = toObject(items, item => 'URL_${toUpper(item.name)}', item => item.url)
+output byName object = toObject(items, item => item.name)
+output names array = map(items, item => item.name)
+output indexed array = map(items, (item, i) => '${i}:${item.name}')
+output onlyA array = filter(items, item => item.name == 'a')
+"""
+
+
+def test_reader_applies_lambdas_as_bicep_does(tmp_path):
+    """``item => item.url`` is the lambda of ``item.url`` (the pinned grammar nests it the
+    other way round; the reader undoes that), as the templates' toObject() relies on."""
+    path = tmp_path / "lambdas.bicep"
+    path.write_text(LAMBDAS)
+    assert bicep.syntax_errors(LAMBDAS) == []
+    outputs = bicep.evaluate(path).outputs
+    a, b = {"name": "a", "url": "https://a.test"}, {"name": "b", "url": "https://b.test"}
+    assert outputs == {
+        "settings": {"URL_A": "https://a.test", "URL_B": "https://b.test"},
+        "byName": {"a": a, "b": b},
+        "names": ["a", "b"],
+        "indexed": ["0:a", "1:b"],
+        "onlyA": [a],
+    }
+
+
 def test_every_resource_uses_a_verified_api_version(deployment_with_developer):
     seen = {}
     for resource in deployment_with_developer.all_resources():

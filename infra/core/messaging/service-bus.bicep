@@ -41,7 +41,7 @@ resource queue 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = [for spec i
   properties: spec.properties
 }]
 
-// Send: agent requests and responses, status events, alerts (the app uses the SDK).
+// Send: requests to the agents, their responses, status events, alerts (the app uses the SDK).
 resource dataSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for principal in dataPrincipals: {
   name: guid(namespace.id, principal.id, serviceBusDataSenderRoleId)
   scope: namespace
@@ -52,8 +52,8 @@ resource dataSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for 
   }
 }]
 
-// Receive: the Service Bus triggers (orders, agent-requests, agent-responses), and
-// the operator reading alerts and dead letters.
+// Receive: the Service Bus triggers (orders, each remote service's <remote>-requests,
+// agent-responses), and the operator reading alerts and dead letters.
 resource dataReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for principal in dataPrincipals: {
   name: guid(namespace.id, principal.id, serviceBusDataReceiverRoleId)
   scope: namespace
