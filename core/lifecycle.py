@@ -232,12 +232,12 @@ def _compensate(
     """Start undoing steps ``first`` down to 0, in reverse order."""
     plan = tuple(range(first, -1, -1))
     begun = state.model_copy(update={"kind": Kind.COMPENSATION, "cause": _error(cause), "failed": (), "plan": plan})
-    return _compensate_next(begun, workflow, instance, now, defaults, [ended], take_from_plan=True)
+    return _compensate_next(begun, workflow, instance, now, defaults, [ended])
 
 
 def _compensate_next(
     state: OrderState, workflow: Workflow, instance: str, now: datetime, defaults: StepPolicy,
-    records: list[LineRecord], *, take_from_plan: bool = True, failed_now: bool = False,
+    records: list[LineRecord], *, failed_now: bool = False,
 ) -> Transition:
     """Claim the next compensation of the plan, or end the order: Compensated when every
     undo was done, Error when one could not be."""
@@ -248,7 +248,7 @@ def _compensate_next(
             _line_record(state, workflow, LineState.FAILED, now, error="the step declares no compensation")
         )
     plan = list(state.plan)
-    while take_from_plan and plan:
+    while plan:
         index = plan.pop(0)
         step = workflow.steps[index]
         if step.compensate is None:

@@ -73,11 +73,14 @@ def schedule(nudge: Nudge, *, scheduler: Scheduler, now: datetime) -> AgentReque
         log.info("order %s not claimed by %s: not Pending or claimed elsewhere", nudge.order_id, scheduler.instance)
         return None
     state, transition = written
-    if not state.process_state.terminal and nudge.document is not None and state.step_index == 0 and state.kind is Kind.ACTION:
-        order, results = json.loads(nudge.document), {}  # the first step needs nothing but the order
-    else:
-        record = store.read(state.order_id)
-        order, results = json.loads(record.document), record.results()
+    order: dict[str, Any] = {}
+    results: dict[str, dict[str, Any]] = {}
+    if transition.dispatch:
+        if nudge.document is not None and state.step_index == 0 and state.kind is Kind.ACTION:
+            order = json.loads(nudge.document)  # the first step needs nothing but the order
+        else:  # a later step or an undo also needs the results so far: one partition read
+            record = store.read(state.order_id)
+            order, results = json.loads(record.document), record.results()
     return _carry_out(scheduler, state, transition, order, results, now)
 
 
