@@ -1,6 +1,7 @@
-"""``python -m devtools.fake_remote``: run the fake remote service until SIGTERM or Ctrl-C.
+"""``python -m devtools.fake_remote``: run the fake remote services until SIGTERM or Ctrl-C.
 
-Prints its base URL on stdout (one line), logs one line per call to stderr.
+Prints the server's URL on stdout (one line; service NAME is at ``{url}/NAME``), logs
+one line per call to stderr and a summary per service when it stops.
 """
 
 from __future__ import annotations
@@ -17,32 +18,57 @@ from devtools.fake_remote.faults import FAULT_KINDS, FaultConfigError
 from devtools.fake_remote.server import start
 
 
-def _script(text: str) -> dict:
+def _json_object(text: str) -> dict:
     """A JSON object, or @path to a file holding one."""
     if text.startswith("@"):
-        text = Path(text[1:]).read_text(encoding="utf-8")
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as error:
+            raise argparse.ArgumentTypeError(f"cannot read {text[1:]}: {error}") from None
     try:
-        return json.loads(text)
+        document = json.loads(text)
     except json.JSONDecodeError as error:
         raise argparse.ArgumentTypeError(f"not valid JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return document
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m devtools.fake_remote",
-        description="Fake remote service with fault injection (development tool).",
+        description="Fake remote services with fault injection (development tool). Service NAME is served at "
+        "{url}/NAME; each action or compensation is POST {url}/NAME/ACTION (docs/fake-remote.md).",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=7081, help="port, 0 for a free one (default: %(default)s)")
-    rates = parser.add_argument_group("fault rates (probability per call, 0..1, all default 0)")
+    parser.add_argument(
+        "--services",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help='services and actions, {service: {action: compensation or null}}, JSON or @file '
+        '(default: {"inventory": {"reserve": "release"}, "payments": {"charge": "refund"}, "shipping": {"ship": null}})',
+    )
+    rates = parser.add_argument_group("fault rates, for every service (probability per call, 0..1, all default 0)")
     for kind in FAULT_KINDS:
         rates.add_argument(f"--{kind.replace('_', '-')}", dest=kind, type=float, default=0.0, metavar="RATE")
     parser.add_argument("--seed", type=int, default=0, help="seed of the rate draws (default: %(default)s)")
     parser.add_argument(
         "--script",
-        type=_script,
+        type=_json_object,
         default=None,
-        help='faults per order id, JSON or @file, e.g. \'{"o-1": ["transient", "transient"]}\'',
+        metavar="JSON",
+        help="faults per order id or order id/action, for every service, JSON or @file, "
+        'e.g. \'{"o-1": ["transient", "transient"], "o-2/release": ["always:transient"]}\'',
+    )
+    parser.add_argument(
+        "--service-faults",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="faults of some services, replacing the ones above there, JSON or @file, e.g. "
+        '\'{"payments": {"rates": {"transient": 0.2}, "script": {"o-3": ["permanent"]}, "slow_seconds": 2}}\'',
     )
     parser.add_argument("--slow-seconds", type=float, default=30.0, help="delay of slow and hang (default: %(default)s)")
     parser.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds of throttle (default: %(default)s)")
@@ -65,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             slow_seconds=args.slow_seconds,
             retry_after_seconds=args.retry_after,
             apply_seconds=args.apply_seconds,
+            services=args.services,
+            service_faults=args.service_faults,
         )
     except FaultConfigError as error:
         print(f"fake remote: {error}", file=sys.stderr)
@@ -76,17 +104,24 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    config = svc.config()
-    log.info("listening on %s rates=%s script=%s seed=%s", svc.url, config["rates"], config["script"], config["seed"])
+    for name, config in svc.config()["services"].items():
+        log.info(
+            "serving %s at %s actions=%s rates=%s script=%s seed=%s",
+            name, svc.base_url(name), config["actions"], config["rates"], config["script"], config["seed"],
+        )  # fmt: skip
     print(svc.url, flush=True)
     while not stop.wait(0.5):
         pass
     effects = svc.effects()
     svc.stop()
-    faults = {kind: n for kind, n in effects["faults"].items() if n}
-    log.info(
-        "stopped: calls=%d effects=%d replays=%d faults=%s", effects["calls"], effects["total"], effects["replays"], faults
-    )
+    for name, service in effects["services"].items():
+        faults = {kind: n for kind, n in service["faults"].items() if n}
+        log.info(
+            "stopped %s: calls=%d applied=%d undone=%d noop_compensations=%d replays=%d late=%d twice=%d faults=%s",
+            name, service["calls"], sum(map(len, service["applied"].values())),
+            sum(map(len, service["undone"].values())), service["noop_compensations"], service["replays"],
+            service["late"], service["twice"], faults,
+        )  # fmt: skip
     return 0
 
 

@@ -1,17 +1,22 @@
 """Fault kinds, validation of fault settings, and the per-call fault decision.
 
-Two ways to inject faults, which can be combined:
+Each service of the fake has its own plan (the server keeps one per service). Two
+ways to inject faults, which can be combined:
 
-- a *script* per order id: a list of entries consumed one per call for that order,
-  then success. An entry is a fault kind, ``"ok"`` (this call succeeds) or, as the
-  last entry only, ``"always:<kind>"`` (every further call gets that fault). An order
-  id that has a script is governed by its script alone: rates never apply to it.
+- a *script*: lists of entries consumed one per call, then success. A list is keyed
+  by an order id (every call of the service for that order consumes an entry) or by
+  ``"<order id>/<action>"`` (only that order's calls of that action or compensation
+  do). An entry is a fault kind, ``"ok"`` (this call succeeds) or, as the last entry
+  only, ``"always:<kind>"`` (every further call gets that fault). A call governed by a
+  script (the ``order/action`` one if it exists, else the order's) ignores the rates.
 - *rates*: a probability per fault kind, drawn per call. The draw is a hash of
-  ``(seed, idempotency key, n)`` where ``n`` counts the calls made with that key, so a
-  seed gives the same faults for the same calls whatever the thread interleaving.
-  A rate-drawn ``permanent`` is sticky for its order id (a real permanent failure
-  does not go away on retry). A replay of an already applied key is never rejected
-  by a rate-drawn ``permanent`` or ``bad_request`` (the service accepted that request
+  ``(seed, service, idempotency key, n)`` where ``n`` counts the calls made with that
+  key, so a seed gives the same faults for the same calls whatever the thread
+  interleaving. A rate-drawn ``permanent`` is sticky for its order id and kind (a real
+  permanent failure does not go away on retry): the order's later forward actions at
+  that service are refused too, its compensations are drawn on their own (and the
+  other way round). A replay of an already applied key is never rejected by a
+  rate-drawn ``permanent`` or ``bad_request`` (the service accepted that request
   already); transport faults (transient, throttle, slow, hang, drop) still hit it.
 """
 
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 #: Every fault kind, in the order the rate bands are laid out.
@@ -35,8 +40,12 @@ OK = "ok"
 ALWAYS = "always:"
 
 
+#: Separates the order id from the action in a per-action script key (order ids have no ``/``).
+SCRIPT_SEPARATOR = "/"
+
+
 class FaultConfigError(ValueError):
-    """Fault settings that the service cannot honour (unknown kind, bad rate...)."""
+    """Settings that the service cannot honour (unknown kind, bad rate, unknown service...)."""
 
 
 def validate_rates(rates: Mapping[str, Any] | None) -> dict[str, float]:
@@ -59,54 +68,95 @@ def validate_rates(rates: Mapping[str, Any] | None) -> dict[str, float]:
     return checked
 
 
-def validate_script(script: Mapping[str, Any] | None) -> dict[str, tuple[str, ...]]:
-    """Return the script as order id -> tuple of entries, checked."""
+def split_script_key(script_key: str) -> tuple[str, str | None]:
+    """``"o-1/release"`` -> ``("o-1", "release")``; ``"o-1"`` -> ``("o-1", None)``."""
+    if SCRIPT_SEPARATOR in script_key:
+        order_id, action = script_key.rsplit(SCRIPT_SEPARATOR, 1)
+        return order_id, action
+    return script_key, None
+
+
+def validate_script(
+    script: Mapping[str, Any] | None, routes: Collection[str] | None = None
+) -> dict[str, tuple[str, ...]]:
+    """Return the script as script key -> tuple of entries, checked.
+
+    A key is an order id or ``"<order id>/<action>"``; with ``routes`` given, the action
+    must be one of them.
+    """
     if script is None:
         return {}
     if not isinstance(script, Mapping):
-        raise FaultConfigError(f"script must be an object of order id -> list of faults, got {type(script).__name__}")
+        raise FaultConfigError(
+            f"script must be an object of order id (or order id/action) -> list of faults, got {type(script).__name__}"
+        )
     checked: dict[str, tuple[str, ...]] = {}
-    for order_id, entries in script.items():
-        if not isinstance(order_id, str) or not order_id:
-            raise FaultConfigError(f"script order ids must be non-empty strings, got {order_id!r}")
+    for script_key, entries in script.items():
+        if not isinstance(script_key, str) or not script_key:
+            raise FaultConfigError(f"script keys must be non-empty strings, got {script_key!r}")
+        order_id, action = split_script_key(script_key)
+        if not order_id or action == "":
+            raise FaultConfigError(f"script key {script_key!r} must be '<order id>' or '<order id>/<action>'")
+        if action is not None and routes is not None and action not in routes:
+            raise FaultConfigError(
+                f"script key {script_key!r}: no action or compensation {action!r}; known: {', '.join(sorted(routes))}"
+            )
         if isinstance(entries, str) or not isinstance(entries, Sequence):
-            raise FaultConfigError(f"script for {order_id!r} must be a list of faults, got {entries!r}")
+            raise FaultConfigError(f"script for {script_key!r} must be a list of faults, got {entries!r}")
         for position, entry in enumerate(entries):
             last = position == len(entries) - 1
             name = entry[len(ALWAYS):] if isinstance(entry, str) and entry.startswith(ALWAYS) else entry
             if name is not entry and not last:
-                raise FaultConfigError(f"script for {order_id!r}: {entry!r} must be the last entry")
+                raise FaultConfigError(f"script for {script_key!r}: {entry!r} must be the last entry")
             if name != OK and name not in FAULT_KINDS:
                 raise FaultConfigError(
-                    f"script for {order_id!r}: unknown entry {entry!r}; use a fault kind "
+                    f"script for {script_key!r}: unknown entry {entry!r}; use a fault kind "
                     f"({', '.join(FAULT_KINDS)}), {OK!r}, or '{ALWAYS}<kind>' as the last entry"
                 )
-        checked[order_id] = tuple(entries)
+        checked[script_key] = tuple(entries)
     return checked
 
 
-def uniform(seed: int, key: str, n: int) -> float:
-    """A number in [0, 1) fixed by (seed, key, n)."""
-    digest = hashlib.blake2b(f"{seed}\x00{key}\x00{n}".encode(), digest_size=8).digest()
+def uniform(seed: int, key: str, n: int, service: str = "") -> float:
+    """A number in [0, 1) fixed by (seed, service, key, n)."""
+    digest = hashlib.blake2b(f"{seed}\x00{service}\x00{key}\x00{n}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
 
 
 class FaultPlan:
-    """The current fault settings and their progress. Not thread-safe: the caller locks."""
+    """One service's fault settings and their progress. Not thread-safe: the caller locks."""
 
-    def __init__(self, script: Mapping[str, Any] | None = None, rates: Mapping[str, Any] | None = None) -> None:
-        self.script = validate_script(script)
+    def __init__(
+        self,
+        script: Mapping[str, Any] | None = None,
+        rates: Mapping[str, Any] | None = None,
+        routes: Collection[str] | None = None,
+    ) -> None:
+        self.script = validate_script(script, routes)
         self.rates = validate_rates(rates)
-        self._remaining: dict[str, list[str]] = {order: list(entries) for order, entries in self.script.items()}
-        self._sticky: set[str] = set()
+        self._remaining: dict[str, list[str]] = {key: list(entries) for key, entries in self.script.items()}
+        self._sticky: set[tuple[str, str]] = set()  # (order id, kind)
 
-    def decide(self, order_id: str, key: str, n: int, seed: int, replay: bool) -> str | None:
+    def decide(
+        self,
+        order_id: str,
+        key: str,
+        n: int,
+        seed: int,
+        replay: bool,
+        *,
+        action: str = "",
+        kind: str = "action",
+        service: str = "",
+    ) -> str | None:
         """The fault for this call (a kind), or None for no fault.
 
         ``n`` counts earlier calls with this key; ``replay`` says the key is applied already.
         """
-        if order_id in self._remaining:
-            remaining = self._remaining[order_id]
+        for script_key in (f"{order_id}{SCRIPT_SEPARATOR}{action}", order_id):
+            remaining = self._remaining.get(script_key)
+            if remaining is None:
+                continue
             if not remaining:
                 return None
             entry = remaining[0]
@@ -115,26 +165,29 @@ class FaultPlan:
             else:
                 remaining.pop(0)
             return None if entry == OK else entry
-        if not replay and order_id in self._sticky:
+        if not replay and (order_id, kind) in self._sticky:
             return "permanent"
         if not self.rates:
             return None
-        draw = uniform(seed, key, n)
+        draw = uniform(seed, key, n, service)
         upper = 0.0
-        for kind in FAULT_KINDS:
-            upper += self.rates.get(kind, 0.0)
+        for fault in FAULT_KINDS:
+            upper += self.rates.get(fault, 0.0)
             if draw < upper:
-                if kind in CONTENT_FAULTS and replay:
+                if fault in CONTENT_FAULTS and replay:
                     return None
-                if kind == "permanent":
-                    self._sticky.add(order_id)
-                return kind
+                if fault == "permanent":
+                    self._sticky.add((order_id, kind))
+                return fault
         return None
 
     def describe(self) -> dict[str, Any]:
         return {
-            "script": {order: list(entries) for order, entries in self.script.items()},
+            "script": {key: list(entries) for key, entries in self.script.items()},
             "rates": dict(self.rates),
-            "script_remaining": {order: list(entries) for order, entries in self._remaining.items()},
-            "sticky_permanent": sorted(self._sticky),
+            "script_remaining": {key: list(entries) for key, entries in self._remaining.items()},
+            # kind ("action" / "compensation") -> the orders refused for good
+            "sticky_permanent": {
+                kind: sorted(order for order, k in self._sticky if k == kind) for kind in sorted({k for _, k in self._sticky})
+            },
         }

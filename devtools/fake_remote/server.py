@@ -1,8 +1,10 @@
-"""HTTP front of the fake remote service (standard library ``ThreadingHTTPServer``).
+"""HTTP front of the fake remote services (standard library ``ThreadingHTTPServer``).
 
+One server serves several services; service ``NAME``'s base URL is ``{url}/{NAME}``.
 Endpoints:
 
-- ``POST /fulfil``: the call the agents make (see ``docs/fake-remote.md``).
+- ``POST /{service}/{action}``: an action or a compensation, as the agents call it
+  (the contract is in ``docs/fake-remote.md``).
 - ``POST /_control/faults``, ``GET /_control/faults``, ``GET /_control/effects``,
   ``POST /_control/reset``, ``GET /_control/health``: control API for tests and demos.
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import select
 import socket
 import socketserver
@@ -24,11 +27,21 @@ import time
 from collections.abc import Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
+from devtools.fake_remote.catalog import COMPENSATION, validate_services
 from devtools.fake_remote.faults import FaultConfigError
-from devtools.fake_remote.ledger import Applied, Ledger, Settings, Stopping
+from devtools.fake_remote.ledger import (
+    LATE_TOLERANCE_SECONDS,
+    SETTING_NAMES,
+    Applied,
+    Call,
+    Ledger,
+    Settings,
+    Stopping,
+)
 
 log = logging.getLogger("devtools.fake_remote")
 
@@ -41,7 +54,12 @@ _POLL_SECONDS = 0.05
 #: An idle keep-alive connection is closed after this long.
 _IDLE_SECONDS = 120
 
-_CONTROL_SETTINGS = ("seed", "slow_seconds", "retry_after_seconds", "apply_seconds")
+#: RFC 3339 date-time (``T`` or a space between date and time; ``Z`` or an offset required).
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+_CONTROL = {
+    "POST": ("/_control/faults", "/_control/reset"),
+    "GET": ("/_control/effects", "/_control/health", "/_control/faults"),
+}
 
 
 class _Reply(Exception):
@@ -109,26 +127,55 @@ class _Handler(BaseHTTPRequestHandler):
 
     # --- routing -------------------------------------------------------------
     def do_POST(self) -> None:
-        self._route({"/fulfil": self._fulfil, "/_control/faults": self._set_faults, "/_control/reset": self._reset})
+        self._route({"/_control/faults": self._set_faults, "/_control/reset": self._reset}, calls=True)
 
     def do_GET(self) -> None:
         self._route({"/_control/effects": self._effects, "/_control/health": self._health, "/_control/faults": self._faults})
 
-    def _route(self, routes: Mapping[str, Any]) -> None:
+    def _route(self, routes: Mapping[str, Any], calls: bool = False) -> None:
         path = urlsplit(self.path).path
         try:
             handler = routes.get(path)
-            if handler is None:
-                self._read_body()  # keep the connection usable
-                known = ("/fulfil", "/_control/faults", "/_control/reset", "/_control/effects", "/_control/health")
-                if path in known:
-                    raise _Reply(HTTPStatus.METHOD_NOT_ALLOWED, "method_not_allowed", f"{self.command} {path} is not supported")
-                raise _Reply(HTTPStatus.NOT_FOUND, "not_found", f"no such endpoint: {path}")
-            handler()
+            if handler is not None:
+                handler()
+                return
+            route = self._service_route(path)
+            if route is not None and calls:
+                self._service_call(*route)
+                return
+            self._read_body()  # keep the connection usable
+            if route is not None or any(path in paths for paths in _CONTROL.values()):
+                raise _Reply(HTTPStatus.METHOD_NOT_ALLOWED, "method_not_allowed", f"{self.command} {path} is not supported")
+            self._not_found(path)
         except _Reply as reply:
             if reply.close:
                 self.close_connection = True
             self._send_json(reply.status, {"error": reply.error, "message": reply.message})
+
+    def _service_route(self, path: str) -> tuple[str, str] | None:
+        """(service, action) when the path is one of a service's routes."""
+        parts = path.split("/")
+        if len(parts) != 3 or parts[0]:
+            return None
+        service = self.server.ledger.services.get(parts[1])
+        if service is None or service.kind_of(parts[2]) is None:
+            return None
+        return parts[1], parts[2]
+
+    def _not_found(self, path: str) -> None:
+        services = self.server.ledger.services
+        parts = path.split("/")
+        if len(parts) >= 2 and parts[1] in services:
+            self.server.ledger.note_not_found()
+            known = ", ".join(sorted(services[parts[1]].routes))
+            what = f"{parts[1]!r} has no action {'/'.join(parts[2:])!r}" if len(parts) > 2 else f"{parts[1]!r} needs an action"
+            raise _Reply(HTTPStatus.NOT_FOUND, "unknown_action", f"service {what}; its actions: {known}")
+        if len(parts) == 3 and not parts[0] and not parts[1].startswith("_"):
+            self.server.ledger.note_not_found()
+            raise _Reply(
+                HTTPStatus.NOT_FOUND, "unknown_service", f"no service {parts[1]!r}; known: {', '.join(services)}"
+            )
+        raise _Reply(HTTPStatus.NOT_FOUND, "not_found", f"no such endpoint: {path}")
 
     # --- I/O helpers ---------------------------------------------------------
     def version_string(self) -> str:
@@ -203,26 +250,28 @@ class _Handler(BaseHTTPRequestHandler):
         return "stopped" if self.server.stopping.is_set() else "done"
 
     # --- the service call ----------------------------------------------------
-    def _fulfil(self) -> None:
+    def _service_call(self, service: str, action: str) -> None:
         ledger = self.server.ledger
+        arrived = time.time()
         started = time.monotonic()
-        fields = {"order": "-", "step": "-", "attempt": "-", "key": "-"}
+        fields = {"order": "-", "step": "-", "attempt": "-", "key": "-", "late": ""}
         outcome = "?"
-        with ledger.call():
+        with ledger.call(service):
             try:
-                outcome = self._fulfil_call(ledger, fields)
+                outcome = self._service_call_run(ledger, service, action, arrived, fields)
             except _Reply as reply:
-                ledger.note_invalid()
+                ledger.note_invalid(service)
                 outcome = f"invalid ({reply.error}) status={reply.status}"
                 raise
             finally:
-                log.info(
-                    "order=%s step=%s attempt=%s key=%s -> %s (%.3fs)",
-                    fields["order"], fields["step"], fields["attempt"], fields["key"],
-                    outcome, time.monotonic() - started,
+                log.log(
+                    logging.WARNING if fields["late"] else logging.INFO,
+                    "%s/%s order=%s step=%s attempt=%s key=%s%s -> %s (%.3fs)",
+                    service, action, fields["order"], fields["step"], fields["attempt"], fields["key"],
+                    fields["late"], outcome, time.monotonic() - started,
                 )  # fmt: skip
 
-    def _fulfil_call(self, ledger: Ledger, fields: dict[str, Any]) -> str:
+    def _service_call_run(self, ledger: Ledger, service: str, action: str, arrived: float, fields: dict[str, Any]) -> str:
         body = self._read_body()
         try:
             document = json.loads(body)
@@ -234,18 +283,39 @@ class _Handler(BaseHTTPRequestHandler):
             for name, field in (("order", "order_id"), ("step", "step"), ("attempt", "attempt")):
                 if field in document:
                     fields[name] = document[field]
+
+        # Lateness is counted for any call that names a readable Complete-By, valid or not.
+        raw_complete_by = self.headers.get("Complete-By", "").strip()
+        complete_by = parse_complete_by(raw_complete_by)
+        if complete_by is not None:
+            late_by = arrived - complete_by.timestamp()
+            if late_by > LATE_TOLERANCE_SECONDS:
+                ledger.note_late(service)
+                fields["late"] = f" LATE by {late_by:.3f}s"
+
         key = self.headers.get("Idempotency-Key", "").strip()
         if not key:
             raise _Reply(HTTPStatus.BAD_REQUEST, "missing_idempotency_key", "the Idempotency-Key header is required")
         fields["key"] = key
         if len(key) > MAX_KEY_LENGTH:
             raise _Reply(HTTPStatus.BAD_REQUEST, "invalid_idempotency_key", f"Idempotency-Key over {MAX_KEY_LENGTH} characters")
+        if not raw_complete_by:
+            raise _Reply(HTTPStatus.BAD_REQUEST, "missing_complete_by", "the Complete-By header is required (RFC 3339 UTC)")
+        if complete_by is None:
+            raise _Reply(
+                HTTPStatus.BAD_REQUEST,
+                "invalid_complete_by",
+                f"Complete-By {raw_complete_by[:64]!r} is not an RFC 3339 date-time with a zone, "
+                "e.g. 2026-11-23T10:15:30.123Z",
+            )
         if invalid_json is not None:
             raise _Reply(HTTPStatus.BAD_REQUEST, "invalid_json", f"the body is not valid JSON: {invalid_json}")
-        order_id, step = _validate_request(document)
+        kind = ledger.services[service].kind_of(action)
+        order_id, step = _validate_request(document, kind, f"/{service}/{action}")
+        call = Call(service=service, action=action, kind=kind, order_id=order_id, step=step, key=key)
 
-        settings = ledger.settings
-        fault = ledger.decide(order_id, step, key)
+        settings = ledger.settings(service)
+        fault = ledger.decide(call)
         if fault == "transient":
             self._error(503, "transient", "injected transient failure; not applied")
             return "transient, not applied, status=503"
@@ -269,18 +339,16 @@ class _Handler(BaseHTTPRequestHandler):
                 return f"hang, not applied, {waited.replace('_', ' ')} after {settings.slow_seconds:g}s delay"
 
         try:
-            result = ledger.apply(order_id, step, key)
+            result = ledger.apply(call)
         except Stopping:
             self.close_connection = True
             return f"{fault or 'ok'}, not applied, stopped"
         if not isinstance(result, Applied):
-            self._error(
-                422,
-                "idempotency_key_reused",
-                f"Idempotency-Key was first used for order {result.order_id!r} step {result.step!r}",
-            )
-            return "key reused for another order/step, status=422"
+            self._error(422, result.error, result.message)
+            return f"refused ({result.error}), status=422"
         what = "replayed" if result.replayed else "applied"
+        if not result.replayed and kind == COMPENSATION:
+            what = json.loads(result.body).get("outcome", what)
 
         if fault == "slow":
             waited = self._wait(settings.slow_seconds)
@@ -299,19 +367,32 @@ class _Handler(BaseHTTPRequestHandler):
         document = self._read_json(empty={})
         if not isinstance(document, dict):
             raise _Reply(HTTPStatus.BAD_REQUEST, "invalid_request", "the body must be a JSON object")
-        unknown = set(document) - {"script", "rates", *_CONTROL_SETTINGS}
+        unknown = set(document) - {"service", "script", "rates", *SETTING_NAMES}
         if unknown:
             raise _Reply(HTTPStatus.BAD_REQUEST, "invalid_request", f"unknown fields: {', '.join(sorted(unknown))}")
+        service = document.pop("service", None)
+        if service is not None and not isinstance(service, str):
+            raise _Reply(HTTPStatus.BAD_REQUEST, "invalid_request", f"service must be a string or null, got {service!r}")
         try:
-            config = self.server.ledger.set_faults(**document)
+            config = self.server.ledger.set_faults(service, **document)
         except FaultConfigError as error:
             raise _Reply(HTTPStatus.BAD_REQUEST, "invalid_faults", str(error)) from None
-        log.info("faults set: script=%s rates=%s", config["script"], config["rates"])
+        log.info("faults set for %s: script=%s rates=%s", service or "every service",
+                 document.get("script"), document.get("rates"))  # fmt: skip
         self._send_json(200, config)
 
     def _faults(self) -> None:
         self._read_body()
-        self._send_json(200, self.server.ledger.config())
+        service = self._query_service()
+        try:
+            config = self.server.ledger.config(service)
+        except FaultConfigError as error:
+            raise _Reply(HTTPStatus.NOT_FOUND, "unknown_service", str(error)) from None
+        self._send_json(200, config)
+
+    def _query_service(self) -> str | None:
+        values = parse_qs(urlsplit(self.path).query).get("service")
+        return values[-1] if values else None
 
     def _reset(self) -> None:
         self._read_body()
@@ -325,28 +406,45 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _health(self) -> None:
         self._read_body()
-        self._send_json(200, {"status": "ok"})
+        services = {name: service.as_mapping() for name, service in self.server.ledger.services.items()}
+        self._send_json(200, {"status": "ok", "services": services})
 
 
-def _validate_request(document: Any) -> tuple[str, str]:
-    problems = []
+def parse_complete_by(text: str) -> datetime | None:
+    """An RFC 3339 date-time with a zone (``2026-11-23T10:15:30.123Z``), or None."""
+    if not _RFC3339.match(text):
+        return None
+    try:
+        return datetime.fromisoformat(text.upper().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _validate_request(document: Any, kind: str, route: str) -> tuple[str, str]:
     if not isinstance(document, dict):
         raise _Reply(HTTPStatus.BAD_REQUEST, "invalid_request", "the body must be a JSON object")
+    problems = []
     for name in ("order_id", "step"):
         if not isinstance(document.get(name), str) or not document[name]:
             problems.append(f"{name} must be a non-empty string")
     attempt = document.get("attempt")
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
         problems.append("attempt must be an integer >= 0")
-    if not isinstance(document.get("payload"), dict):
-        problems.append("payload must be an object")
+    if not isinstance(document.get("order"), dict):
+        problems.append("order must be an object (the order document)")
+    if document.get("kind") not in ("action", "compensation"):
+        problems.append('kind must be "action" or "compensation"')
+    elif document["kind"] != kind:
+        problems.append(f"{route} is {'a compensation' if kind == COMPENSATION else 'a forward action'}, kind was {document['kind']!r}")
+    if kind == COMPENSATION and ("result" not in document or not isinstance(document["result"], dict | None)):
+        problems.append("a compensation needs result: the forward action's result object, or null if unknown")
     if problems:
         raise _Reply(HTTPStatus.BAD_REQUEST, "invalid_request", "; ".join(problems))
     return document["order_id"], document["step"]
 
 
 class FakeRemote:
-    """A running fake remote service. Use :func:`start` to make one."""
+    """Running fake remote services (one HTTP server). Use :func:`start` to make one."""
 
     def __init__(self, host: str, port: int, ledger: Ledger, stopping: threading.Event) -> None:
         self._stopping = stopping
@@ -361,28 +459,54 @@ class FakeRemote:
 
     @property
     def url(self) -> str:
+        """The server's root; service ``NAME`` is at ``{url}/{NAME}``."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def services(self) -> dict[str, dict[str, str | None]]:
+        """``{service: {action: compensation or None}}``, as served."""
+        return {name: service.as_mapping() for name, service in self._ledger.services.items()}
+
+    def base_url(self, service: str) -> str:
+        """The base URL of one service (its ``REMOTE_<NAME>_URL``). KeyError if not served."""
+        if service not in self._ledger.services:
+            raise KeyError(f"this fake serves no service {service!r}; it serves {', '.join(self._ledger.services)}")
+        return f"{self.url}/{service}"
+
+    def app_settings(self) -> dict[str, str]:
+        """``{"REMOTE_<NAME>_URL": base URL}`` for every service."""
+        return {f"REMOTE_{name.upper().replace('-', '_')}_URL": self.base_url(name) for name in self._ledger.services}
 
     def set_faults(
         self,
         script: Mapping[str, Any] | None = None,
         rates: Mapping[str, Any] | None = None,
+        *,
+        service: str | None = None,
         **settings: Any,
     ) -> dict[str, Any]:
-        """Replace the fault script and rates (omitted = none). Keyword settings
-        (``seed``, ``slow_seconds``, ``retry_after_seconds``, ``apply_seconds``) change
-        only when given. Raises FaultConfigError. Returns the resulting configuration."""
-        unknown = set(settings) - set(_CONTROL_SETTINGS)
+        """Replace the fault script and rates (omitted = none) of one service, or of every
+        service when ``service`` is None. Keyword settings (``seed``, ``slow_seconds``,
+        ``retry_after_seconds``, ``apply_seconds``) change only when given. Raises
+        FaultConfigError (and changes nothing). Returns the resulting configuration:
+        the service's, or ``{"services": {name: configuration}}``."""
+        unknown = set(settings) - set(SETTING_NAMES)
         if unknown:
             raise TypeError(f"set_faults() got unknown settings: {', '.join(sorted(unknown))}")
-        return self._ledger.set_faults(script, rates, **settings)
+        return self._ledger.set_faults(service, script, rates, **settings)
 
-    def config(self) -> dict[str, Any]:
-        return self._ledger.config()
+    def config(self, service: str | None = None) -> dict[str, Any]:
+        """One service's faults and settings, or ``{"services": {name: ...}}``."""
+        return self._ledger.config(service)
 
     def effects(self) -> dict[str, Any]:
+        """What was applied and undone, per service and in aggregate (docs/fake-remote.md)."""
         return self._ledger.effects()
+
+    def net(self, order_id: str) -> dict[str, dict[str, int]]:
+        """What stays applied for one order: ``{service: {action: applied - undone}}``."""
+        return self._ledger.net(order_id)
 
     def reset(self) -> None:
         self._ledger.reset()
@@ -405,7 +529,7 @@ class FakeRemote:
         self.stop()
 
     def __repr__(self) -> str:
-        return f"<FakeRemote {self.url}{' stopped' if self._stopped else ''}>"
+        return f"<FakeRemote {self.url} {','.join(self._ledger.services)}{' stopped' if self._stopped else ''}>"
 
 
 def start(
@@ -418,13 +542,23 @@ def start(
     *,
     host: str = "127.0.0.1",
     apply_seconds: float = 0.0,
+    services: Mapping[str, Mapping[str, str | None]] | None = None,
+    service_faults: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> FakeRemote:
-    """Start a fake remote service in a background thread (``port=0``: a free port).
+    """Start the fake remote services in a background thread (``port=0``: a free port).
 
-    Raises FaultConfigError for invalid fault settings, OSError if the port is taken.
+    ``services`` is ``{service: {action: compensation or None}}`` (default: the order
+    workflow's inventory, payments and shipping). ``rates``, ``script`` and the settings
+    apply to every service; ``service_faults`` then changes some services, e.g.
+    ``{"payments": {"rates": {"transient": 0.2}}}`` (as ``set_faults(service=...)``:
+    script and rates omitted there are none, settings omitted are kept).
+
+    Raises FaultConfigError for invalid settings, OSError if the port is taken.
     """
+    catalog = validate_services(services)
     settings = Settings(
         seed=seed, slow_seconds=slow_seconds, retry_after_seconds=retry_after_seconds, apply_seconds=apply_seconds
     )
     stopping = threading.Event()  # wakes every delayed call on stop()
-    return FakeRemote(host, port, Ledger(settings, script=script, rates=rates, stopping=stopping), stopping)
+    ledger = Ledger(catalog, settings, script=script, rates=rates, service_faults=service_faults, stopping=stopping)
+    return FakeRemote(host, port, ledger, stopping)
