@@ -34,7 +34,7 @@ run: setup
 	$(PY) -m devtools.run $(RUN_ARGS)
 
 soak: setup
-	$(PY) -m devtools.soak $(SOAK_ARGS)
+	$(PY) -m benchmarks.soak $(SOAK_ARGS)
 
 # Benchmarks on the local stack; writes BENCHMARKS.md (see docs/benchmarks.md).
 # BENCH_ARGS="--quick" for a ~2-minute smoke run, "--sweep-100k" for the long sweep step.

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from benchmarks.runner import PHASES, Options, Runner
-from devtools.localstack import ROOT
+from devtools.paths import ROOT
 
 
 def main(

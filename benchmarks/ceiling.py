@@ -33,7 +33,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from enum import Enum
+from typing import Any, get_args
 
 from benchmarks.procstat import CpuMeter
 from devtools.stats import percentile
@@ -116,33 +117,66 @@ class KindResult:
 # --- in a worker process ---------------------------------------------------------------
 
 
+#: The ceiling's own table layout, shaped like the app's orders table (an order row and
+#: a state row per order, an index partition): its own rows, not the store's code.
+ORDER_KEY, STATE_KEY, INDEX_PARTITION = "order", "state", "_active"
+
+
+def _property(value: Any, annotation: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    if value is None:  # written, not left out, so a MERGE clears it
+        return 0 if int in get_args(annotation) else ""
+    return value
+
+
+def state_entity(state) -> dict[str, Any]:
+    """A state row with the app's properties: every field of the state model, by its
+    PascalCase name (``order_id`` -> ``OrderId``), datetimes as ``Edm.DateTime``."""
+    fields = type(state).model_fields
+    entity = {
+        "".join(word.title() for word in name.split("_")): _property(value, fields[name].annotation)
+        for name, value in state.model_dump(exclude={"etag"}).items()
+    }
+    return {"PartitionKey": state.order_id, "RowKey": STATE_KEY, **entity}
+
+
 class _Payloads:
     """Entities and message bodies of the app's real shapes and sizes."""
 
-    def __init__(self) -> None:
+    def __init__(self, defaults) -> None:
         from core import lifecycle
-        from core.models import STEP, AgentRequest, Nudge, OrderRequest, idempotency_key, utcnow
-        from adapters.store import ORDER_ROW, state_to_entity
-        from devtools.demo import order_body
+        from core.models import AgentPolicy, AgentRequest, Context, Nudge, OrderRequest, idempotency_key, utcnow
+        from core.workflow import CURRENT
+        from devtools.orders import order_body
 
         now = utcnow()
         order = OrderRequest.model_validate_json(order_body("bench-000000", 3))
-        state = lifecycle.new_order(order.order_id, now, timedelta(seconds=30), None).model_copy(
+        state = lifecycle.new_order(order.order_id, CURRENT, now, timedelta(seconds=30), None).model_copy(
             update={"etag": 'W/"datetime\'2026-01-01T00%3A00%3A00.0000000Z\'"'}
         )
-        claimed = lifecycle.claim(state, "benchhost-12345-abcdef", now, timedelta(seconds=30))
+        transition = lifecycle.claim(state, CURRENT, "benchhost-12345-abcdef", now, defaults)
+        assert transition is not None
+        claimed = transition.state
         self.document = order.document()
-        self.order_row = {"RowKey": ORDER_ROW, "Document": self.document}
-        self.state_row = state_to_entity(state)
-        changes = {k: v for k, v in state_to_entity(claimed).items() if self.state_row.get(k) != v}
-        self.claim_changes = changes
+        self.order_row = {"RowKey": ORDER_KEY, "Document": self.document}
+        self.state_row = state_entity(state)
+        # The claim is a MERGE of the properties that change, as the app's store writes it.
+        self.claim_changes = {k: v for k, v in state_entity(claimed).items() if self.state_row.get(k) != v}
         self.nudge = Nudge(order_id=order.order_id, state=state, document=self.document).model_dump_json(
             exclude_none=True
         )
+        step = CURRENT.steps[claimed.step_index]
+        policy = step.policy.over(defaults)
         self.request = AgentRequest(
-            order_id=order.order_id, step=STEP, attempt=1, complete_by=claimed.complete_by,
-            idempotency_key=idempotency_key(order.order_id, STEP), payload=order.model_dump(mode="json"),
-            fence=claimed,
+            order_id=order.order_id, step=step.name, kind=claimed.kind, action=step.action, remote=step.remote,
+            attempt=claimed.attempt, complete_by=claimed.complete_by,
+            idempotency_key=idempotency_key(order.order_id, step.name, step.action),
+            policy=AgentPolicy(max_calls=policy.agent_max_calls, backoff_initial=policy.agent_backoff_initial,
+                               backoff_max=policy.agent_backoff_max),
+            context=Context(fence=claimed, order=order.model_dump(mode="json")),
         ).model_dump_json()
 
 
@@ -170,7 +204,7 @@ class _Worker:
         self.receiver = self.sb.get_queue_receiver(spec.sb_queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0)
         self.receiver.peek_messages(max_message_count=1)
         self._send_lock = threading.Lock()
-        self.payloads = _Payloads()
+        self.payloads = _Payloads(settings.step_defaults())
         # Per thread: what the previous kinds left for the next (rows with ETags, messages).
         self.rows: list[list[list[Any]]] = [[] for _ in range(spec.threads)]
         self.index_keys: list[list[str]] = [[] for _ in range(spec.threads)]
@@ -224,7 +258,7 @@ class _Worker:
         return self._loop(keys, deadline, lambda pk: self.table.create_entity({**p.order_row, "PartitionKey": pk, "RowKey": "single"}))
 
     def _table_read(self, thread: int, count: int, deadline: float):
-        return self._loop(list(self.rows[thread][:count]), deadline, lambda row: self.table.get_entity(row[0], "state"))
+        return self._loop(list(self.rows[thread][:count]), deadline, lambda row: self.table.get_entity(row[0], STATE_KEY))
 
     def _table_update(self, thread: int, count: int, deadline: float):
         from azure.core import MatchConditions
@@ -234,7 +268,7 @@ class _Worker:
 
         def call(row: list[Any]) -> None:
             metadata = self.table.update_entity(
-                {**changes, "PartitionKey": row[0], "RowKey": "state"},
+                {**changes, "PartitionKey": row[0], "RowKey": STATE_KEY},
                 mode=UpdateMode.MERGE, etag=row[1], match_condition=MatchConditions.IfNotModified,
             )
             row[1] = metadata["etag"]
@@ -250,14 +284,14 @@ class _Worker:
 
         def call(key: str) -> None:
             self.table.upsert_entity(
-                {"PartitionKey": "_active", "RowKey": key, "IndexedAt": utcnow()}, mode=UpdateMode.REPLACE
+                {"PartitionKey": INDEX_PARTITION, "RowKey": key, "IndexedAt": utcnow()}, mode=UpdateMode.REPLACE
             )
             self.index_keys[thread].append(key)
 
         return self._loop(keys, deadline, call)
 
     def _table_delete(self, thread: int, count: int, deadline: float):
-        return self._loop(list(self.index_keys[thread][:count]), deadline, lambda key: self.table.delete_entity("_active", key))
+        return self._loop(list(self.index_keys[thread][:count]), deadline, lambda key: self.table.delete_entity(INDEX_PARTITION, key))
 
     # -- storage queue --------------------------------------------------------------------
 
@@ -309,7 +343,7 @@ class _Worker:
         while got < count and time.monotonic() < deadline:
             started = time.perf_counter()
             try:
-                # One per call, as the local host receives (see devtools/funchost/servicebus_trigger.py).
+                # One per call, as the local host receives (see tools/funchost/servicebus_trigger.py).
                 batch = self.receiver.receive_messages(max_message_count=1, max_wait_time=0.5)
             except Exception:  # noqa: BLE001
                 errors += 1

@@ -9,7 +9,7 @@ import subprocess
 from datetime import UTC, datetime
 from importlib import metadata
 
-from devtools.azurite import ROOT
+from devtools.paths import ROOT
 
 PACKAGES = ("azure-core", "azure-data-tables", "azure-storage-queue", "azure-servicebus", "azure-functions")
 

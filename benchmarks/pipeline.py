@@ -2,7 +2,9 @@
 
 Orders are sent to the ``orders`` queue like any client sends them; an order is done
 when its state row is Processed. Times come from one clock: the send time taken here,
-and the Processed row's ``Timestamp`` (set by Azurite when it committed the write).
+and the Processed row's commit time (set by Azurite when it committed the write; read
+from the row's ETag, see :func:`processed_at`). Order state is read through the app's
+store (:class:`adapters.store.StateStore`), never from the row layout.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import unquote
 
-from azure.data.tables import TableClient
-
+from adapters.store import StateStore
 from benchmarks.procstat import CpuMeter
 from benchmarks.stack import BenchStack, OrderSender
-from adapters.store import ACTIVE_PARTITION, STATE_ROW
+from core.models import OrderState, ProcessState
 from devtools.stats import percentile
 
 
@@ -58,26 +60,17 @@ class RunResult:
         return percentile(self.latencies if values is None else values, q)
 
 
-def state_rows(table: TableClient, prefix: str) -> dict[str, dict]:
-    """The state rows of the orders whose id starts with ``prefix`` (one range query)."""
-    rows = table.query_entities(
-        "PartitionKey ge @lo and PartitionKey lt @hi and RowKey eq @rk",
-        parameters={"lo": prefix, "hi": prefix + "~", "rk": STATE_ROW},
-        select=["PartitionKey", "ProcessState", "CreatedAt", "UpdatedAt"],
-    )
-    return {row["PartitionKey"]: row for row in rows}
+def state_rows(store: StateStore, prefix: str) -> dict[str, OrderState]:
+    """The states of the orders whose id starts with ``prefix`` (one range query)."""
+    return {state.order_id: state for state in store.list_states(id_prefix=prefix)}
 
 
-def in_flight(table: TableClient, prefix: str) -> int:
-    rows = table.query_entities(
-        "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
-        parameters={"pk": ACTIVE_PARTITION, "lo": prefix, "hi": prefix + "~"},
-        select=["RowKey"],
-    )
-    return sum(1 for _ in rows)
+def in_flight(store: StateStore, prefix: str) -> int:
+    """In-flight orders whose id starts with ``prefix`` (one query of the active index)."""
+    return len(store.active_ids(id_prefix=prefix))
 
 
-def wait_done(stack: BenchStack, table: TableClient, prefix: str, count: int, effects_before: int, *, timeout: float,
+def wait_done(stack: BenchStack, store: StateStore, prefix: str, count: int, effects_before: int, *, timeout: float,
               interval: float = 0.25, progress=None) -> bool:
     """Until every order of the run is finished (its remote effect applied, then out of the
     active index). Polls the fake remote's in-process counter first (free), the index
@@ -92,38 +85,45 @@ def wait_done(stack: BenchStack, table: TableClient, prefix: str, count: int, ef
         if time.monotonic() > deadline:
             return False
         time.sleep(interval)
-    while in_flight(table, prefix):
+    while in_flight(store, prefix):
         if time.monotonic() > deadline:
             return False
         time.sleep(interval)
     return True
 
 
-def processed_at(row) -> float:
-    """When a Processed state row was committed: its Table Timestamp (the server's
-    clock), else the app's UpdatedAt."""
-    value = row.metadata.get("timestamp")
-    if isinstance(value, datetime):
-        return value.timestamp()
-    return row["UpdatedAt"].timestamp()
+_ETAG_TIME = re.compile(r"datetime'([^']+)'")
 
 
-def _finish(result: RunResult, table: TableClient, prefix: str, sent: dict[str, float], first_send: float) -> None:
-    rows = state_rows(table, prefix)
+def processed_at(state: OrderState) -> float:
+    """When a Processed state row was committed: its Table Timestamp (the server's clock),
+    which Table Storage (and Azurite) also sends as the row's ETag,
+    ``W/"datetime'<Timestamp>'"``; else the app's UpdatedAt."""
+    match = _ETAG_TIME.search(state.etag or "")
+    if match:
+        try:
+            return datetime.fromisoformat(unquote(match[1])).timestamp()
+        except ValueError:
+            pass
+    return state.updated_at.timestamp()
+
+
+def _finish(result: RunResult, store: StateStore, prefix: str, sent: dict[str, float], first_send: float) -> None:
+    rows = state_rows(store, prefix)
     last = first_send
     done_at: list[float] = []
     for order_id, at in sent.items():
         row = rows.get(order_id)
         if row is None:
             continue
-        if row["ProcessState"] == "Processed":
+        if row.process_state is ProcessState.PROCESSED:
             result.processed += 1
             done = processed_at(row)
             last = max(last, done)
             done_at.append(done)
             result.latencies.append(done - at)
-            result.to_created.append(row["CreatedAt"].timestamp() - at)
-        elif row["ProcessState"] == "Error":
+            result.to_created.append(row.created_at.timestamp() - at)
+        elif row.process_state is ProcessState.ERROR:
             result.errors += 1
     result.latencies.sort()
     result.to_created.sort()
@@ -157,17 +157,17 @@ def slow_invocations(logs: list[Path], offsets: list[int], threshold_ms: int = 5
 
 def warm_up(stack: BenchStack, sender: OrderSender, prefix: str, count: int = 20, timeout: float = 60) -> None:
     """A few orders through every function, so links and connections are open before timing."""
-    table = stack.table()
+    store = StateStore(stack.table())
     before = stack.remote.effects()["total"]
     sender.send([f"{prefix}{i:05d}" for i in range(count)])
-    if not wait_done(stack, table, prefix, count, before, timeout=timeout):
+    if not wait_done(stack, store, prefix, count, before, timeout=timeout):
         raise Timeout(f"warm-up orders were not processed within {timeout:.0f} s (see the host logs in {stack.log_dir})")
 
 
 def throughput(stack: BenchStack, sender: OrderSender, prefix: str, count: int, *, timeout: float,
                progress=None) -> RunResult:
     """Send ``count`` orders at once; orders/s from the first send to the last Processed."""
-    table = stack.table()
+    store = StateStore(stack.table())
     ids = [f"{prefix}{i:05d}" for i in range(count)]
     result = RunResult(count)
     meter = CpuMeter(stack.pids)
@@ -177,10 +177,10 @@ def throughput(stack: BenchStack, sender: OrderSender, prefix: str, count: int, 
     meter.start()
     first_send = time.time()
     sent = sender.send(ids)
-    finished = wait_done(stack, table, prefix, count, effects_before, timeout=timeout, progress=progress)
+    finished = wait_done(stack, store, prefix, count, effects_before, timeout=timeout, progress=progress)
     result.cpu = meter.stop()
     result.wall = result.cpu.pop("wall")
-    _finish(result, table, prefix, sent, first_send)
+    _finish(result, store, prefix, sent, first_send)
     if not finished:
         result.seconds = time.time() - first_send
     slow, result.slowest_ms = slow_invocations(logs, offsets)
@@ -191,7 +191,7 @@ def throughput(stack: BenchStack, sender: OrderSender, prefix: str, count: int, 
 def steady(stack: BenchStack, sender: OrderSender, prefix: str, *, rate: float, seconds: float, timeout: float,
            progress=None) -> RunResult:
     """One order every 1/rate seconds for ``seconds``; latency of each, send -> Processed."""
-    table = stack.table()
+    store = StateStore(stack.table())
     count = max(1, int(rate * seconds))
     result = RunResult(count)
     effects_before = stack.remote.effects()["total"]
@@ -206,8 +206,8 @@ def steady(stack: BenchStack, sender: OrderSender, prefix: str, *, rate: float, 
         sent.update(sender.send([order_id], start_index=i))
         if progress is not None:
             progress(i + 1)
-    wait_done(stack, table, prefix, count, effects_before, timeout=timeout)
-    _finish(result, table, prefix, sent, first_send)
+    wait_done(stack, store, prefix, count, effects_before, timeout=timeout)
+    _finish(result, store, prefix, sent, first_send)
     return result
 
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from adapters.store import StateStore
 from benchmarks import pipeline
 from benchmarks.stack import BenchStack, OrderSender
-from adapters.store import STATE_ROW
+from core.models import OrderState, ProcessState
 
 #: The recovery trial's settings (app settings of the hosts).
 STEP_TIMEOUT = 8.0
@@ -51,21 +52,21 @@ class Trial:
         return None if self.processed is None else self.processed - self.claimed
 
 
-def _poll(table, order_id: str, until, timeout: float, interval: float = 0.05):
-    """The state row once ``until(row)`` holds, or None after ``timeout`` seconds (a
+def _poll(store: StateStore, order_id: str, until, timeout: float, interval: float = 0.05) -> OrderState | None:
+    """The order's state once ``until(state)`` holds, or None after ``timeout`` seconds (a
     trial that times out is a missed target, not a failed phase)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        row = table.get_entity(order_id, STATE_ROW)
-        if until(row):
-            return row
+        state = store.get(order_id)
+        if until(state):
+            return state
         time.sleep(interval)
     return None
 
 
 def trial(stack: BenchStack, sender: OrderSender, order_id: str, *, timeout: float = 60.0) -> Trial:
     """One trial; needs exactly one running host (the victim). Leaves one running host."""
-    table = stack.table()
+    store = StateStore(stack.table())
     victims = stack.alive_hosts()
     if len(victims) != 1:
         raise RuntimeError(f"a recovery trial needs exactly one running host, found {len(victims)}")
@@ -79,9 +80,9 @@ def trial(stack: BenchStack, sender: OrderSender, order_id: str, *, timeout: flo
         if time.monotonic() > deadline:
             raise RuntimeError(f"order {order_id} never reached the remote service")
         time.sleep(0.02)
-    row = table.get_entity(order_id, STATE_ROW)
-    claimed = row["UpdatedAt"].timestamp()
-    complete_by = row["CompleteBy"].timestamp()
+    state = store.get(order_id)
+    claimed = state.updated_at.timestamp()
+    complete_by = state.complete_by.timestamp()
     stack.start_hosts(1)  # the survivor: running and warm before the crash, as in a real deployment
     pipeline.warm_up(stack, sender, f"{order_id}-warm-", count=10)
     if time.time() > complete_by - 1:
@@ -90,17 +91,17 @@ def trial(stack: BenchStack, sender: OrderSender, order_id: str, *, timeout: flo
     stack.kill_host(victims[0])
     timeline: dict[str, float | None] = {"reset": None, "reclaimed": None}
 
-    def done(row) -> bool:
-        if timeline["reset"] is None and row["ProcessState"] == "Pending":
-            timeline["reset"] = row["UpdatedAt"].timestamp()
-        if timeline["reclaimed"] is None and row["ProcessState"] == "Processing" and row["Attempt"] >= 2:
-            timeline["reclaimed"] = row["UpdatedAt"].timestamp()
-        return row["ProcessState"] in ("Processed", "Error")
+    def done(state: OrderState) -> bool:
+        if timeline["reset"] is None and state.process_state is ProcessState.PENDING:
+            timeline["reset"] = state.updated_at.timestamp()
+        if timeline["reclaimed"] is None and state.process_state is ProcessState.PROCESSING and state.attempt >= 2:
+            timeline["reclaimed"] = state.updated_at.timestamp()
+        return state.process_state in (ProcessState.PROCESSED, ProcessState.ERROR)
 
-    final = _poll(table, order_id, done, timeout)
+    final = _poll(store, order_id, done, timeout)
     stack.remote.set_faults()  # no script left for the next trial
     processed = None
-    if final is not None and final["ProcessState"] == "Processed":
+    if final is not None and final.process_state is ProcessState.PROCESSED:
         processed = pipeline.processed_at(final)
     return Trial(
         order_id=order_id,
@@ -111,5 +112,5 @@ def trial(stack: BenchStack, sender: OrderSender, order_id: str, *, timeout: flo
         reclaimed=timeline["reclaimed"],
         processed=processed,
         effects=stack.remote.effects()["by_order"].get(order_id, 0),
-        attempts=final["Attempt"] if final is not None else 0,
+        attempts=final.attempt if final is not None else 0,
     )

@@ -24,6 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from adapters.store import StateStore
 from benchmarks import ceiling, pipeline, recovery
 from benchmarks.azurite_log import FRIENDLY, AzuriteLog, service_of
 from benchmarks.machine import describe
@@ -32,7 +33,7 @@ from benchmarks.report import Report, Section, soak_section
 from benchmarks.stack import BenchStack, OrderSender
 from benchmarks.sweep import IN_FLIGHT, SweepBench
 from core import names
-from devtools.localstack import ROOT
+from devtools.paths import ROOT
 
 PHASES = ("ceiling", "sweep", "latency", "pipeline", "recovery", "idle", "ops")
 
@@ -509,8 +510,8 @@ class Runner:
         effects_before = stack.remote.effects()["total"]
         t1 = time.monotonic()
         sender.send([f"ops-{i:05d}" for i in range(count)])
-        table = stack.table()
-        if not pipeline.wait_done(stack, table, "ops-", count, effects_before, timeout=self.plan.pipeline_timeout,
+        store = StateStore(stack.table())
+        if not pipeline.wait_done(stack, store, "ops-", count, effects_before, timeout=self.plan.pipeline_timeout,
                                   progress=tick):
             raise pipeline.Timeout(f"the {count} orders were not all processed")
         expected = f"settle.accepted {names.AGENT_RESPONSES_QUEUE}"
@@ -570,6 +571,6 @@ class Runner:
         section.intro = (
             f"{count} orders with no faults through one host, counted at the servers: Azurite's debug log "
             "(one line per request; a transaction is one request, as it is one billed transaction in Azure) "
-            "and counters wrapped around the Service Bus emulator (benchmarks/sbcount.py)."
+            "and the Service Bus emulator's own operation counters (tools/servicebus_emulator, --stats-stdin)."
         )
 

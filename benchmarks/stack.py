@@ -1,7 +1,7 @@
 """The local stack as the benchmarks run it: :class:`devtools.localstack.LocalStack`, with
 
 - Azurite optionally writing its debug log (to count storage operations at the server),
-- the Service Bus emulator wrapped with operation counters (:mod:`benchmarks.sbcount`),
+- the Service Bus emulator answering for its operation counters on stdin (``--stats-stdin``),
 - helpers to send orders and to read the state table and the counters.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -22,8 +21,9 @@ from adapters import clients
 from core import names
 from adapters.settings import Settings
 from devtools import azurite as azurite_launcher
-from devtools.demo import order_message
-from devtools.localstack import LocalStack
+from devtools.localstack import LocalStack, servicebus_queue
+from devtools.orders import order_message
+from tools.servicebus_emulator import QueueSettings
 
 #: Extra Service Bus queues the ceiling measurement uses (shaped like agent-responses).
 BENCH_QUEUES = ("bench-serial", "bench-parallel", "bench-study")
@@ -36,7 +36,7 @@ class BenchStack(LocalStack):
     #: Start the fake remote service (the ceiling and sweep phases need none).
     with_remote: bool = True
 
-    emulator_stdin = subprocess.PIPE  # sbcount answers "stats" there
+    emulator_stdin = subprocess.PIPE  # the emulator answers "stats" there (--stats-stdin)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -49,11 +49,12 @@ class BenchStack(LocalStack):
     def _start_remote(self):
         return super()._start_remote() if self.with_remote else None
 
+    def _emulator_queues(self) -> list[QueueSettings]:
+        responses = next(q for q in names.SERVICEBUS_QUEUES if q.name == names.AGENT_RESPONSES_QUEUE)
+        return super()._emulator_queues() + [servicebus_queue(responses, name) for name in BENCH_QUEUES]
+
     def _emulator_command(self) -> list[str]:
-        args = [sys.executable, "-m", "benchmarks.sbcount", "--port", str(self.servicebus_port)]
-        for queue in BENCH_QUEUES:
-            args += ["--extra-queue", queue]
-        return args
+        return [*super()._emulator_command(), "--stats-stdin"]
 
     # -- what the benchmarks read ------------------------------------------------------------
 
@@ -69,12 +70,12 @@ class BenchStack(LocalStack):
         return pids
 
     def sb_counts(self) -> dict[str, int]:
-        """The Service Bus emulator's operation counters so far."""
+        """The Service Bus emulator's operation counters so far (see tools/servicebus_emulator/README.md)."""
         with self._stats_lock:
             self.emulator.stdin.write("stats\n")
             self.emulator.stdin.flush()
             answer = json.loads(self.emulator.stdout.readline())
-        return answer["counts"]
+        return answer["operations"]
 
     def settings_object(self, **extra: str) -> Settings:
         """The app's Settings for this stack (to build clients exactly as the app does)."""

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adapters.clients import development_storage
+from devtools.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 AZURITE_BIN = ROOT / "node_modules" / ".bin" / "azurite"
 
 _LISTENING = re.compile(r"Azurite (Blob|Queue|Table) service is successfully listening at http://127\.0\.0\.1:(\d+)")

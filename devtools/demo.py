@@ -23,14 +23,17 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from adapters.store import StateStore
 from core import names
-from adapters.store import STATE_ROW
-from devtools.localstack import ROOT, LocalStack
+from core.models import OrderState, ProcessState
+from devtools.localstack import LocalStack
+from devtools.orders import bad_order_body, load_bad_orders, order_message
+from devtools.paths import ROOT
 from devtools.stats import percentile
-from tests.corpus import body_of, load
 
 console = Console()
 STATES = ("Pending", "Processing", "Processed", "Error")
+_TERMINAL = (ProcessState.PROCESSED, ProcessState.ERROR)
 
 #: Demo timings (app settings): short enough to watch recovery happen.
 DEMO_SETTINGS = {
@@ -76,27 +79,12 @@ class Summary:
     samples: list[Sample] = field(default_factory=list, repr=False)
 
 
-def order_body(order_id: str, i: int) -> bytes:
-    lines = [{"sku": f"sku-{(i + n) % 17}", "quantity": n + 1, "unit_price": f"{(i % 9) + 1}.25"} for n in range(1 + i % 3)]
-    cents = sum(line["quantity"] * int(line["unit_price"].replace(".", "")) for line in lines)
-    return json.dumps(
-        {"order_id": order_id, "customer_id": f"cust-{i % 23}", "currency": "EUR", "items": lines,
-         "total": f"{cents // 100}.{cents % 100:02d}"}
-    ).encode()
-
-
-def order_message(order_id: str, i: int) -> ServiceBusMessage:
-    """An order as a client sends it: the JSON body, with the order id as MessageId (the
-    orders queue's duplicate-detection key)."""
-    return ServiceBusMessage(order_body(order_id, i), message_id=order_id, content_type="application/json")
-
-
 def send_orders(connection_string: str, orders: int, invalid: int, sent_at: dict[str, float]) -> None:
     """Send the orders (and a few bad messages from the corpus) like any client would.
 
     ``sent_at`` gets each order's submission time: when Service Bus accepted its batch.
     """
-    bad = [case for case in load() if "generate" not in case][:invalid]
+    bad = [case for case in load_bad_orders() if "generate" not in case][:invalid]
     with ServiceBusClient.from_connection_string(connection_string) as client:
         with client.get_queue_sender(names.ORDERS_QUEUE) as sender:
             batch: list[ServiceBusMessage] = []
@@ -115,18 +103,18 @@ def send_orders(connection_string: str, orders: int, invalid: int, sent_at: dict
                 if i % 40 == 20 and bad:  # sprinkle the invalid ones among the valid
                     case = bad.pop()
                     sender.send_messages(
-                        ServiceBusMessage(body_of(case, f"bad-{i}"), message_id=f"bad-{i}",
+                        ServiceBusMessage(bad_order_body(case, f"bad-{i}"), message_id=f"bad-{i}",
                                           content_type=case.get("content_type", "application/json"))
                     )
             if batch:
                 flush()
             for case in bad:
-                sender.send_messages(ServiceBusMessage(body_of(case), content_type=case.get("content_type", "application/json")))
+                sender.send_messages(ServiceBusMessage(bad_order_body(case), content_type=case.get("content_type", "application/json")))
 
 
-def read_states(table: TableClient) -> list[dict]:
-    """Every order's state row."""
-    return list(table.query_entities("RowKey eq @rk", parameters={"rk": STATE_ROW}))
+def read_states(store: StateStore, prefix: str = "demo-") -> list[OrderState]:
+    """The state of every order of the demo (one key-range query of the store)."""
+    return store.list_states(id_prefix=prefix)
 
 
 def progress_table(sample: Sample, orders: int, rejected: int, effects: int, started: float) -> Table:
@@ -187,7 +175,7 @@ def run_demo(
     )
     console.print(f"starting the local stack ({hosts} host(s))…")
     with stack.start(hosts=hosts):
-        table = TableClient.from_connection_string(stack.azurite.connection_string, names.ORDERS_TABLE)
+        store = StateStore(TableClient.from_connection_string(stack.azurite.connection_string, names.ORDERS_TABLE))
         rejections = TableClient.from_connection_string(stack.azurite.connection_string, names.REJECTIONS_TABLE)
         console.print(f"sending {orders} orders and {invalid} invalid messages to the '{names.ORDERS_QUEUE}' queue…")
         started = time.monotonic()
@@ -196,20 +184,20 @@ def run_demo(
         sending = sender.submit(send_orders, stack.servicebus_connection_string, orders, invalid, sent_at)
         sender.shutdown(wait=False)
         samples: list[Sample] = []
-        rows: list[dict] = []
+        rows: list[OrderState] = []
         rejected = 0
         with Live(console=console, refresh_per_second=4) as live:
             while True:
-                rows = [r for r in read_states(table) if r["OrderId"].startswith("demo-")]
+                rows = read_states(store)
                 counts = {state: 0 for state in STATES}
                 for row in rows:
-                    counts[row["ProcessState"]] += 1
+                    counts[row.process_state.value] += 1
                 counts["Pending"] += len(sent_at) - len(rows)  # sent, not yet written
                 rejected = sum(1 for _ in rejections.list_entities(select=["RowKey"])) if invalid else 0
                 sample = Sample(
                     t=time.monotonic() - started,
                     counts=counts,
-                    resets=sum(r["FailureCount"] for r in rows),
+                    resets=sum(r.failure_count for r in rows),
                     alerts=counts["Error"],
                 )
                 samples.append(sample)
@@ -225,20 +213,20 @@ def run_demo(
         effects = stack.remote.effects()
         alerts = count_alerts(stack.servicebus_connection_string)
         latencies = sorted(
-            r["UpdatedAt"].timestamp() - sent_at[r["OrderId"]]
-            for r in rows if r["ProcessState"] in ("Processed", "Error") and r["OrderId"] in sent_at
+            r.updated_at.timestamp() - sent_at[r.order_id]
+            for r in rows if r.process_state in _TERMINAL and r.order_id in sent_at
         )
-        processed = sum(1 for r in rows if r["ProcessState"] == "Processed")
+        processed = sum(1 for r in rows if r.process_state is ProcessState.PROCESSED)
         summary = Summary(
             orders=orders,
             invalid_sent=invalid,
             processed=processed,
-            error=sum(1 for r in rows if r["ProcessState"] == "Error"),
+            error=sum(1 for r in rows if r.process_state is ProcessState.ERROR),
             rejected=rejected,
-            not_terminal=orders - sum(1 for r in rows if r["ProcessState"] in ("Processed", "Error")),
+            not_terminal=orders - sum(1 for r in rows if r.process_state in _TERMINAL),
             agent_retries=sum(n for kind, n in effects["faults"].items() if kind not in ("permanent", "bad_request")),
-            supervisor_resets=sum(r["FailureCount"] for r in rows if r["ProcessState"] == "Processed")
-            + sum(max(r["FailureCount"] - 1, 0) for r in rows if r["ProcessState"] == "Error"),
+            supervisor_resets=sum(r.failure_count for r in rows if r.process_state is ProcessState.PROCESSED)
+            + sum(max(r.failure_count - 1, 0) for r in rows if r.process_state is ProcessState.ERROR),
             alerts=alerts,
             remote_effects=effects["total"],
             effects_equal_processed=effects["total"] == processed,

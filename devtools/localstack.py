@@ -21,8 +21,9 @@ from core import names
 from core.workflow import remotes
 from devtools import azurite as azurite_launcher
 from devtools import fake_remote
+from devtools.paths import ROOT
+from tools.servicebus_emulator import QueueSettings
 
-ROOT = Path(__file__).resolve().parent.parent
 STACK_MARK = "LOCAL_STACK_ID"
 _READY = re.compile(r"funchost ready: functions=(\d+) errors=(\d+)")
 
@@ -34,6 +35,24 @@ class StackError(RuntimeError):
 def app_names() -> dict[str, str]:
     """The queue/table/schedule app settings with their default names."""
     return dict(names.NAME_SETTINGS)
+
+
+def servicebus_queue(spec: names.ServiceBusQueueSpec, name: str | None = None) -> QueueSettings:
+    """One of the app's Service Bus queues as the emulator declares it (under ``name`` if given)."""
+    return QueueSettings(
+        name=name or spec.name,
+        lock_duration=spec.lock_duration.total_seconds(),
+        max_delivery_count=spec.max_delivery_count,
+        default_ttl=spec.default_ttl.total_seconds(),
+        dead_letter_on_expiry=spec.dead_letter_on_expiry,
+        duplicate_detection=spec.duplicate_detection,
+        duplicate_detection_window=spec.duplicate_detection_window.total_seconds(),
+    )
+
+
+def app_queues() -> list[QueueSettings]:
+    """The app's Service Bus queues (``core.names.SERVICEBUS_QUEUES``), for the emulator."""
+    return [servicebus_queue(spec) for spec in names.SERVICEBUS_QUEUES]
 
 
 @dataclass
@@ -107,12 +126,16 @@ class LocalStack:
             for queue in (name, name + names.POISON_SUFFIX):
                 queues.create_queue(queue)
 
-    #: What the emulator process reads on stdin (the benchmarks' counting emulator takes commands there).
+    #: What the emulator process reads on stdin (the benchmarks ask it for operation counts there).
     emulator_stdin = subprocess.DEVNULL
 
+    def _emulator_queues(self) -> list[QueueSettings]:
+        return app_queues()
+
     def _emulator_command(self) -> list[str]:
-        return [sys.executable, "-m", "devtools.servicebus_emulator", "--port", str(self.servicebus_port),
-                "--log-level", "WARNING"]
+        queues = [arg for queue in self._emulator_queues() for arg in ("--queue", queue.to_arg())]
+        return [sys.executable, "-m", "tools.servicebus_emulator", "--port", str(self.servicebus_port),
+                "--log-level", "WARNING", *queues]
 
     def _start_emulator(self) -> None:
         log = open(self.log_dir / "servicebus-emulator.log", "wb")  # noqa: SIM115 - the emulator writes to it until it stops
@@ -145,7 +168,7 @@ class LocalStack:
             env.pop("WEBSITE_INSTANCE_ID", None)
             with open(path, "wb") as log:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "devtools.funchost", "--app-dir", str(ROOT)],
+                    [sys.executable, "-m", "tools.funchost", "--app-dir", str(ROOT)],
                     cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     start_new_session=True,
                 )

@@ -17,7 +17,8 @@ import typer
 from rich.console import Console
 
 from core.workflow import remotes
-from devtools.localstack import ROOT, LocalStack
+from devtools.localstack import LocalStack
+from devtools.paths import ROOT
 
 console = Console()
 

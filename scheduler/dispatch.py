@@ -58,19 +58,13 @@ def schedule(nudge: Nudge, *, scheduler: Scheduler, now: datetime) -> AgentReque
     """Claim the order's current line and send its agent request. None when there is
     nothing to send (the row is not Pending, another instance won the claim, or the
     claim ended the order)."""
-    store = scheduler.store
     snapshot = nudge.state if nudge.state is not None and nudge.state.etag else None
-    try:
-        state = snapshot or store.get(nudge.order_id)
-        written = _write(
-            store, state, lambda s: _decide(s, now, lambda wf: lifecycle.claim(s, wf, scheduler.instance, now, scheduler.defaults)),
-            snapshot=snapshot is not None,
-        )
-    except OrderNotFound:
-        log.warning("nudge for unknown order %s dropped", nudge.order_id)
-        return None
+    written = _apply(
+        scheduler.store, nudge.order_id, snapshot, now,
+        lambda s, wf: lifecycle.claim(s, wf, scheduler.instance, now, scheduler.defaults),
+    )
     if written is None:
-        log.info("order %s not claimed by %s: not Pending or claimed elsewhere", nudge.order_id, scheduler.instance)
+        log.info("order %s not claimed by %s: unknown, not Pending or claimed elsewhere", nudge.order_id, scheduler.instance)
         return None
     state, transition = written
     order: dict[str, Any] = {}
@@ -79,7 +73,7 @@ def schedule(nudge: Nudge, *, scheduler: Scheduler, now: datetime) -> AgentReque
         if nudge.document is not None and state.step_index == 0 and state.kind is Kind.ACTION:
             order = json.loads(nudge.document)  # the first step needs nothing but the order
         else:  # a later step or an undo also needs the results so far: one partition read
-            record = store.read(state.order_id)
+            record = scheduler.store.read(state.order_id)
             order, results = json.loads(record.document), record.results()
     return _carry_out(scheduler, state, transition, order, results, now)
 
@@ -88,23 +82,14 @@ def record(response: AgentResponse, *, scheduler: Scheduler, now: datetime) -> O
     """Apply an agent response if it is for the current attempt of a Processing row
     (fencing), and start what comes next; a duplicate or stale response changes
     nothing and returns None."""
-    store = scheduler.store
     fence = response.context.fence
     snapshot = fence if fence.order_id == response.order_id and fence.attempt == response.attempt else None
-    try:
-        state = snapshot or store.get(response.order_id)
-        written = _write(
-            store, state,
-            lambda s: _decide(
-                s, now, lambda wf: lifecycle.complete(s, response, wf, scheduler.instance, now, scheduler.defaults)
-            ),
-            snapshot=snapshot is not None,
-        )
-    except OrderNotFound:
-        log.warning("response for unknown order %s ignored", response.order_id)
-        return None
+    written = _apply(
+        scheduler.store, response.order_id, snapshot, now,
+        lambda s, wf: lifecycle.complete(s, response, wf, scheduler.instance, now, scheduler.defaults),
+    )
     if written is None:
-        log.info("stale response for order %s attempt %s ignored", response.order_id, response.attempt)
+        log.info("response for order %s attempt %s ignored: unknown order, or stale", response.order_id, response.attempt)
         return None
     state, transition = written
     results = dict(response.context.results)
@@ -114,35 +99,40 @@ def record(response: AgentResponse, *, scheduler: Scheduler, now: datetime) -> O
     return state
 
 
-def _decide(
-    state: OrderState, now: datetime, decide: Callable[[Workflow], Transition | None]
+def _apply(
+    store: StateStore, order_id: str, snapshot: OrderState | None, now: datetime,
+    decide: Callable[[OrderState, Workflow], Transition | None],
+) -> tuple[OrderState, Transition] | None:
+    """Decide on the state row and write the transition (If-Match), on the definition
+    the order started on. ``snapshot`` (with its ETag) saves the read while it is
+    current; a stale one (412) is read again and decided on once more. A fresh read
+    that loses the race means someone else decided: None, as for an unknown order."""
+    try:
+        state = snapshot or store.get(order_id)
+        for _ in range(2):
+            transition = _on_definition(state, now, decide)
+            if transition is None:
+                return None
+            try:
+                return store.write(state, transition.state, transition.lines), transition
+            except ConcurrencyConflict:
+                if state is not snapshot:
+                    return None
+                state = store.get(order_id)
+    except OrderNotFound:
+        return None
+    return None
+
+
+def _on_definition(
+    state: OrderState, now: datetime, decide: Callable[[OrderState, Workflow], Transition | None]
 ) -> Transition | None:
-    """A decision on the definition the order started on; an order whose definition is
-    gone cannot go on: it ends in Error for an operator."""
+    """An order whose definition is gone cannot go on: it ends in Error for an operator."""
     try:
         definition = workflow(state.workflow, state.workflow_version)
     except UnknownWorkflow as error:
         return None if state.process_state.terminal else Transition(lifecycle.fail(state, str(error), now))
-    return decide(definition)
-
-
-def _write(
-    store: StateStore, state: OrderState, decide: Callable[[OrderState], Transition | None], *, snapshot: bool
-) -> tuple[OrderState, Transition] | None:
-    """Decide on ``state`` and write the transition (If-Match). A snapshot that turns
-    out stale (412) is read again and decided on once more; a fresh read that loses
-    the race means someone else decided: None."""
-    for _ in range(2):
-        transition = decide(state)
-        if transition is None:
-            return None
-        try:
-            return store.write(state, transition.state, transition.lines), transition
-        except ConcurrencyConflict:
-            if not snapshot:
-                return None
-            state, snapshot = store.get(state.order_id), False
-    return None
+    return decide(state, definition)
 
 
 def _carry_out(

@@ -1,0 +1,6 @@
+"""The test suite."""
+
+from pathlib import Path
+
+#: The repository root.
+ROOT = Path(__file__).resolve().parent.parent

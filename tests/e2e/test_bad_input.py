@@ -5,15 +5,14 @@ from __future__ import annotations
 from collections import Counter
 
 from adapters.wiring import services
-from tests.corpus import body_of, load
+from devtools.orders import bad_order_body, load_bad_orders, order_json
 from tests.e2e.conftest import processed, wait_until
-from tests.factories import order_json
 
 
 def test_every_bad_case_is_rejected_with_its_reason_and_valid_orders_flow(stack):
     from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
-    cases = load()
+    cases = load_bad_orders()
     stack.start_hosts()
     valid = [f"ok-{i:03d}" for i in range(len(cases))]
     with ServiceBusClient.from_connection_string(stack.connection_string) as client:
@@ -21,7 +20,7 @@ def test_every_bad_case_is_rejected_with_its_reason_and_valid_orders_flow(stack)
             for i, case in enumerate(cases):
                 sender.send_messages(ServiceBusMessage(order_json(valid[i]), message_id=valid[i], content_type="application/json"))
                 sender.send_messages(
-                    ServiceBusMessage(body_of(case, f"bad-{i}"), message_id=f"case-{i}",
+                    ServiceBusMessage(bad_order_body(case, f"bad-{i}"), message_id=f"case-{i}",
                                       content_type=case.get("content_type", "application/json"))
                 )
     states = stack.wait_terminal(valid, timeout=120)
@@ -32,7 +31,7 @@ def test_every_bad_case_is_rejected_with_its_reason_and_valid_orders_flow(stack)
     for i, case in enumerate(cases):
         row = by_message[f"case-{i}"]
         assert case["reason"] in row["Reason"], (case["name"], row["Reason"])
-        assert row["Body"] == body_of(case, f"bad-{i}") or row["Truncated"], case["name"]
+        assert row["Body"] == bad_order_body(case, f"bad-{i}") or row["Truncated"], case["name"]
     # Never retried in a loop: each bad message was handled once, and nothing was dead-lettered.
     def deliveries() -> Counter:
         return Counter(

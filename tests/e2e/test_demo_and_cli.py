@@ -10,9 +10,8 @@ import sys
 import uuid
 from pathlib import Path
 
+from tests import ROOT
 from tests.e2e.conftest import wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def stack_processes(mark: str) -> list[int]:

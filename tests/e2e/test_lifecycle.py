@@ -10,8 +10,8 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
 from core.models import STEP, AgentResponse, Outcome, ProcessState
 from adapters.wiring import services
+from devtools.orders import order_json
 from tests.e2e.conftest import processed, wait_until
-from tests.factories import order_json
 
 
 def test_happy_path_and_transient_faults_are_processed_once(stack):

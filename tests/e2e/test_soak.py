@@ -2,7 +2,7 @@
 
 from benchmarks.machine import describe
 from benchmarks.report import write_soak_section
-from devtools.soak import print_verdict, run_soak, verdict_markdown
+from benchmarks.soak import print_verdict, run_soak, verdict_markdown
 
 
 def test_short_chaos_soak(tmp_path, report_figure):

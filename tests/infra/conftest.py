@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from core.workflow import remotes
+from tests import ROOT
 from tests.infra import bicep
 
-ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
 MAIN = INFRA / "main.bicep"
 

@@ -1,5 +1,5 @@
 """The agent against the fake remote service over real HTTP: retries, Retry-After,
-permanent failures, the deadline, and a stable idempotency key."""
+permanent failures, the deadline, a stable idempotency key, and compensations."""
 
 from __future__ import annotations
 
@@ -7,21 +7,39 @@ import time
 from datetime import timedelta
 
 from agents import agent
-from agents.remote import RemoteClient, RetryPolicy
-from core.models import STEP, AgentRequest, Outcome, idempotency_key, utcnow
+from agents.remote import RemoteClient
+from core import lifecycle
+from core.models import AgentPolicy, AgentRequest, Context, Outcome, idempotency_key, utcnow
+from core.workflow import ORDER_WORKFLOW, Kind
 
-FAST = RetryPolicy(max_calls=6, backoff_initial=0.01, backoff_max=0.05, call_timeout=5.0)
+FAST = AgentPolicy(max_calls=6, backoff_initial=0.01, backoff_max=0.05)
 
 
-def request(order_id: str = "o-1", *, seconds: float = 10.0, attempt: int = 1) -> AgentRequest:
+def request(
+    order_id: str = "o-1", *, seconds: float = 10.0, attempt: int = 1, policy: AgentPolicy = FAST,
+    kind: Kind = Kind.ACTION, result=None,
+) -> AgentRequest:
+    """The reserve step (inventory) of an order, or its compensation."""
+    step = ORDER_WORKFLOW.steps[0]
+    action = step.action_of(kind)
+    fence = lifecycle.new_order(order_id, ORDER_WORKFLOW, utcnow(), timedelta(seconds=30), None)
     return AgentRequest(
         order_id=order_id,
-        step=STEP,
+        step=step.name,
+        kind=kind,
+        action=action,
+        remote=step.remote,
         attempt=attempt,
         complete_by=utcnow() + timedelta(seconds=seconds),
-        idempotency_key=idempotency_key(order_id, STEP),
-        payload={"order_id": order_id},
+        idempotency_key=idempotency_key(order_id, step.name, action),
+        policy=policy,
+        result=result,
+        context=Context(fence=fence, order={"order_id": order_id}),
     )
+
+
+def inventory(fake_remote, **kwargs) -> RemoteClient:
+    return RemoteClient(fake_remote.base_url("inventory"), call_timeout=5.0, **kwargs)
 
 
 class RecordingSleep:
@@ -37,24 +55,24 @@ class RecordingSleep:
 
 def test_transient_faults_are_retried_and_applied_once(fake_remote):
     fake_remote.set_faults(script={"o-1": ["transient", "drop", "transient"]})
-    response = agent.run(request(), remote=RemoteClient(fake_remote.url, FAST), now=utcnow)
+    response = agent.run(request(), remote=inventory(fake_remote), now=utcnow)
     assert response.outcome is Outcome.SUCCEEDED and response.result["order_id"] == "o-1"
     effects = fake_remote.effects()
     assert effects["calls"] == 4
-    assert effects["by_key"] == {idempotency_key("o-1", STEP): 1}
+    assert effects["by_key"] == {idempotency_key("o-1", "reserve", "reserve"): 1}
 
 
 def test_retry_after_is_honoured(fake_remote):
     fake_remote.set_faults(script={"o-1": ["throttle"]}, retry_after_seconds=1)
     sleep = RecordingSleep()
-    response = agent.run(request(), remote=RemoteClient(fake_remote.url, FAST, sleep=sleep), now=utcnow)
+    response = agent.run(request(), remote=inventory(fake_remote, sleep=sleep), now=utcnow)
     assert response.outcome is Outcome.SUCCEEDED
     assert sleep.waits and sleep.waits[0] >= 1.0
 
 
 def test_permanent_failure_is_not_retried(fake_remote):
     fake_remote.set_faults(script={"o-1": ["always:permanent"]})
-    response = agent.run(request(), remote=RemoteClient(fake_remote.url, FAST), now=utcnow)
+    response = agent.run(request(), remote=inventory(fake_remote), now=utcnow)
     assert response.outcome is Outcome.FAILED_PERMANENT and "422" in response.error
     assert fake_remote.effects()["calls"] == 1
     assert fake_remote.effects()["total"] == 0
@@ -63,7 +81,7 @@ def test_permanent_failure_is_not_retried(fake_remote):
 def test_nothing_is_sent_when_the_deadline_passes_during_retries(fake_remote):
     fake_remote.set_faults(script={"o-1": ["always:hang"]}, slow_seconds=30)
     started = time.monotonic()
-    response = agent.run(request(seconds=1.5), remote=RemoteClient(fake_remote.url, FAST), now=utcnow)
+    response = agent.run(request(seconds=1.5), remote=inventory(fake_remote), now=utcnow)
     elapsed = time.monotonic() - started
     assert response is None
     assert elapsed < 2.5, f"the agent kept going {elapsed:.1f}s past a 1.5s deadline"
@@ -71,23 +89,42 @@ def test_nothing_is_sent_when_the_deadline_passes_during_retries(fake_remote):
 
 
 def test_a_request_arriving_after_complete_by_is_not_acted_on(fake_remote):
-    response = agent.run(request(seconds=-1), remote=RemoteClient(fake_remote.url, FAST), now=utcnow)
+    response = agent.run(request(seconds=-1), remote=inventory(fake_remote), now=utcnow)
     assert response is None
     assert fake_remote.effects()["calls"] == 0
 
 
 def test_calls_run_out_before_the_deadline_sends_nothing(fake_remote):
     fake_remote.set_faults(script={"o-1": ["always:transient"]})
-    policy = RetryPolicy(max_calls=3, backoff_initial=0.01, backoff_max=0.02, call_timeout=5.0)
-    assert agent.run(request(), remote=RemoteClient(fake_remote.url, policy), now=utcnow) is None
+    policy = AgentPolicy(max_calls=3, backoff_initial=0.01, backoff_max=0.02)
+    assert agent.run(request(policy=policy), remote=inventory(fake_remote), now=utcnow) is None
     assert fake_remote.effects()["calls"] == 3
 
 
 def test_the_idempotency_key_is_stable_across_supervisor_reruns(fake_remote):
     """A response lost after the effect: the re-run (new attempt) gets the first result."""
     fake_remote.set_faults(script={"o-1": ["slow"]}, slow_seconds=5)
-    first = agent.run(request(seconds=1.0, attempt=1), remote=RemoteClient(fake_remote.url, FAST), now=utcnow)
+    first = agent.run(request(seconds=1.0, attempt=1), remote=inventory(fake_remote), now=utcnow)
     assert first is None  # the effect was applied, but the answer came too late
-    again = agent.run(request(seconds=5.0, attempt=2), remote=RemoteClient(fake_remote.url, FAST), now=utcnow)
+    again = agent.run(request(seconds=5.0, attempt=2), remote=inventory(fake_remote), now=utcnow)
     assert again.outcome is Outcome.SUCCEEDED and again.attempt == 2
     assert fake_remote.effects()["by_order"] == {"o-1": 1}
+
+
+def test_a_compensation_undoes_the_action_once_with_its_own_key(fake_remote):
+    done = agent.run(request(), remote=inventory(fake_remote), now=utcnow)
+    undo = request(kind=Kind.COMPENSATION, result=done.result)
+    assert undo.idempotency_key != request().idempotency_key
+    undone = agent.run(undo, remote=inventory(fake_remote), now=utcnow)
+    assert undone.outcome is Outcome.SUCCEEDED and undone.kind is Kind.COMPENSATION
+    assert agent.run(undo, remote=inventory(fake_remote), now=utcnow).outcome is Outcome.SUCCEEDED  # a retry
+    effects = fake_remote.effects()
+    assert effects["services"]["inventory"]["undone"] == {"o-1": ["release"]}
+    assert fake_remote.net("o-1") == {"inventory": {"reserve": 0}}
+    assert (effects["twice"], effects["late"]) == (0, 0)
+
+
+def test_the_response_echoes_the_context_for_the_scheduler(fake_remote):
+    sent = request()
+    response = agent.run(sent, remote=inventory(fake_remote), now=utcnow)
+    assert response.context == sent.context and response.step == "reserve" and response.kind is Kind.ACTION

@@ -13,10 +13,11 @@ from azure.storage.queue import QueueClient
 from adapters.wiring import services
 from core.models import AgentRequest, AgentResponse, LineState, Nudge, Outcome, ProcessState, utcnow
 from core.workflow import Kind
+from devtools.orders import order_json
 from scheduler import dispatch
 from scheduler.blueprint import scheduler, submit_order
 from supervisor.supervision import NotResubmittable, policy_from, resubmit, sweep
-from tests.factories import Captured, order_json, servicebus_message
+from tests.factories import Captured, servicebus_message
 from tests.servicebus_helpers import bodies, receive
 
 submit_handler = submit_order.build().get_user_function()
@@ -203,13 +204,13 @@ def test_two_overlapping_supervisors_act_once_per_row(app_settings, storage_conn
 
 def test_resubmit_only_from_error_and_it_continues_with_the_failed_undo(app_settings, servicebus_emulator):
     s = services()
-    request = schedule(submit("o-9"))
+    schedule(submit("o-9"))
     try:
         resubmit("o-9", store=s.store, nudger=s.nudger, now=utcnow(), pending_timeout=s.settings.pending_timeout)
         raise AssertionError("resubmitted a Processing order")
     except NotResubmittable as refused:
         assert "Processing" in str(refused)
-    record(answer(request))  # reserve done
+    record(answer(last_request(app_settings, servicebus_emulator, "inventory")))  # reserve done
     charge = last_request(app_settings, servicebus_emulator, "payments")
     record(answer(charge, Outcome.FAILED_PERMANENT, error="declined"))
     release = last_request(app_settings, servicebus_emulator, "inventory")

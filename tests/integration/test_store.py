@@ -14,7 +14,7 @@ from adapters.store import ACTIVE_PARTITION, ConcurrencyConflict, OrderConflict,
 from core import lifecycle
 from core.models import AgentResponse, Context, LineState, OrderRequest, Outcome, ProcessState, utcnow
 from core.workflow import ORDER_WORKFLOW, StepPolicy
-from tests.factories import order_json
+from devtools.orders import order_json
 
 PENDING = timedelta(seconds=30)
 STEP = timedelta(seconds=30)

@@ -10,8 +10,9 @@ from azure.servicebus import ServiceBusClient
 
 from core.models import Nudge, ProcessState
 from adapters.wiring import services
+from devtools.orders import order_json
 from scheduler.blueprint import submit_order
-from tests.factories import Captured, order_json, servicebus_message
+from tests.factories import Captured, servicebus_message
 
 handler = submit_order.build().get_user_function()
 
@@ -64,9 +65,9 @@ def test_duplicate_message_is_a_no_op_but_nudges_a_pending_order_again(app_setti
 
 def test_same_id_with_different_content_is_rejected_and_the_original_kept(app_settings):
     submit(order_json("o-6"))
-    document, state = services().store.read("o-6")
+    before = services().store.read("o-6")
     submit(order_json("o-6", customer_id="mallory"), message_id="second")
-    assert services().store.read("o-6") == (document, state)
+    assert services().store.read("o-6") == before
     (row,) = services().rejections.list()
     assert row["OrderId"] == "o-6" and "different content" in row["Reason"]
     assert json.loads(row["Body"])["customer_id"] == "mallory"
@@ -91,17 +92,13 @@ def test_reply_to_receives_a_received_event_and_a_missing_queue_does_not_block(a
 
 def test_an_order_too_large_for_the_nudge_travels_without_its_document(app_settings, monkeypatch):
     from scheduler import dispatch, submission
+    from scheduler.blueprint import scheduler
 
     monkeypatch.setattr(submission, "MAX_NUDGE_DOCUMENT_BYTES", 10)
     nudge = Nudge.model_validate_json(submit(order_json("o-9")).value)
     assert nudge.document is None and nudge.state is not None
-    s = services()
-    request = dispatch.schedule(
-        nudge, store=s.store, publisher=s.publisher, instance="i1", now=nudge.state.created_at,
-        step_timeout=s.settings.step_timeout, requests_queue=s.settings.agent_requests_queue,
-        responses_queue=s.settings.agent_responses_queue,
-    )
-    assert request.payload["order_id"] == "o-9"  # read from the order row
+    request = dispatch.schedule(nudge, scheduler=scheduler(services()), now=nudge.state.created_at)
+    assert request.order["order_id"] == "o-9"  # read from the order row
 
 
 def test_reply_queue_senders_are_bounded(app_settings, servicebus_emulator):

@@ -5,7 +5,7 @@ import pytest
 from pydantic import ValidationError
 
 from core.models import OrderRequest, idempotency_key
-from tests.factories import order_dict
+from devtools.orders import order_dict
 
 
 def parse(body: dict) -> OrderRequest:

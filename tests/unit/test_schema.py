@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from core.models import OrderRequest
 from core.schema import SCHEMA_PATH, render
-from tests.factories import order_dict
+from devtools.orders import order_dict
 
 
 def test_committed_schema_matches_the_model():

@@ -26,6 +26,7 @@ from core.models import (
     idempotency_key,
 )
 from core.workflow import Kind, Step, StepPolicy, Workflow
+from devtools.orders import order_dict
 from scheduler import dispatch
 from supervisor import supervision
 from tests.memtable import MemoryTable
@@ -92,10 +93,7 @@ class World:
         )
 
     def submit(self, order_id: str = "o-1") -> str:
-        order = OrderRequest.model_validate(
-            {"order_id": order_id, "customer_id": "c-1", "currency": "EUR",
-             "items": [{"sku": "sku-1", "quantity": 1, "unit_price": "10.00"}], "total": "10.00"}
-        )
+        order = OrderRequest.model_validate(order_dict(order_id, lines=1))
         created = self.store.create_order(
             order, workflow=self.definition, reply_to="replies", now=self.now, pending_timeout=timedelta(seconds=30)
         )
@@ -352,10 +350,7 @@ def test_overlapping_supervisors_act_once_on_an_expired_line():
 def test_competing_schedulers_claim_a_line_once():
     w = World()
     order_id = "o-1"
-    order = OrderRequest.model_validate(
-        {"order_id": order_id, "customer_id": "c-1", "currency": "EUR",
-         "items": [{"sku": "s", "quantity": 1, "unit_price": "1.00"}], "total": "1.00"}
-    )
+    order = OrderRequest.model_validate(order_dict(order_id, lines=1))
     created = w.store.create_order(
         order, workflow=w.definition, reply_to=None, now=w.now, pending_timeout=timedelta(seconds=30)
     )

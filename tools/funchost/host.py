@@ -1,0 +1,194 @@
+"""The host: settings, the app, one listener per trigger, readiness, and a draining stop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterable, MutableMapping
+from pathlib import Path
+
+from .app import (
+    QUEUE_TRIGGER,
+    SERVICE_BUS_TRIGGER,
+    TIMER_TRIGGER,
+    AppLoadError,
+    FunctionLoadError,
+    FunctionSpec,
+    build_spec,
+    import_app,
+    index_functions,
+    is_disabled,
+)
+from .config import HostOptions, apply_settings, host_options, read_host_json, read_local_settings
+from .connections import Clients
+from .invoke import AsyncRunner, Invoker
+from .listener import Listener
+from .outputs import OutputSender
+from .queue_trigger import QueueTriggerListener
+from .servicebus_trigger import ServiceBusTriggerListener
+from .timer_trigger import TimerTriggerListener
+
+log = logging.getLogger("funchost")
+
+#: Logged once every listener is receiving; tests and scripts wait for it.
+READY_MARKER = "funchost ready:"
+STOPPED_MARKER = "funchost stopped:"
+INSTANCE_ID_SETTING = "WEBSITE_INSTANCE_ID"
+
+
+class Host:
+    """Runs the functions of one app directory until stopped.
+
+    ``load()`` reads local.settings.json into the environment (values already set win),
+    gives this process an instance id, reads host.json and indexes the app;
+    ``start()`` creates the queues the functions use and starts their listeners;
+    ``stop(drain_timeout)`` lets in-flight invocations finish (their messages are then
+    settled) and abandons whatever is still running at the deadline.
+    """
+
+    def __init__(
+        self,
+        app_dir: Path,
+        settings_file: Path | None = None,
+        *,
+        functions: Iterable[str] | None = None,
+        environ: MutableMapping[str, str] | None = None,
+    ) -> None:
+        self.app_dir = Path(app_dir).resolve()
+        self.settings_file = Path(settings_file) if settings_file else self.app_dir / "local.settings.json"
+        self.only = set(functions) if functions else None
+        self.environ = os.environ if environ is None else environ
+        self.options: HostOptions | None = None
+        self.specs: list[FunctionSpec] = []
+        self.errors: dict[str, str] = {}
+        self.listeners: list[Listener] = []
+        self.instance_id = ""
+        self._ready = threading.Event()
+        self._runner: AsyncRunner | None = None
+        self._clients: Clients | None = None
+        self._outputs: OutputSender | None = None
+
+    # --- load -------------------------------------------------------------------------
+
+    def load(self) -> None:
+        applied = apply_settings(read_local_settings(self.settings_file), self.environ)
+        if self.settings_file.exists():
+            log.info("read %d setting(s) from %s", len(applied), self.settings_file.name)
+        else:
+            log.info("no %s: app settings come from the environment only", self.settings_file.name)
+        self.environ.setdefault(INSTANCE_ID_SETTING, secrets.token_hex(32))
+        self.environ.setdefault("AzureWebJobsScriptRoot", str(self.app_dir))
+        self.instance_id = self.environ[INSTANCE_ID_SETTING]
+        self.options = host_options(read_host_json(self.app_dir / "host.json", self.environ), self.environ)
+        logging.getLogger().setLevel(self.options.log_level)
+
+        app = import_app(self.app_dir)
+        functions = index_functions(app)
+        names = [function.get_function_name() for function in functions]
+        if self.only:
+            unknown = self.only - set(names)
+            if unknown:
+                raise AppLoadError(
+                    f"no function named {', '.join(sorted(unknown))} in the app (it has {', '.join(names)})"
+                )
+        for function in functions:
+            name = function.get_function_name()
+            if self.only is not None and name not in self.only:
+                continue
+            if is_disabled(name, self.environ):
+                log.info("Function %s is disabled (AzureWebJobs.%s.Disabled)", name, name)
+                continue
+            try:
+                self.specs.append(build_spec(function, self.environ))
+            except FunctionLoadError as error:
+                self.errors[name] = str(error)
+
+    # --- start ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        assert self.options is not None, "load() first"
+        self._runner = AsyncRunner()
+        self._clients = Clients(self.environ)
+        self._outputs = OutputSender(self._clients, self.options.queues, self._notify_queue)
+        invoker = Invoker(self._outputs.send, self._runner, str(self.app_dir))
+        for spec in self.specs:
+            try:
+                listener = self._listener(spec, invoker)
+                listener.prepare()
+                for output in spec.outputs:
+                    self._outputs.prepare(output)
+            except Exception as error:  # one function in error; the others run, as in the Functions host
+                self.errors[spec.name] = f"cannot start the {spec.name} function: {type(error).__name__}: {error}"
+                continue
+            self.listeners.append(listener)
+        for name, message in self.errors.items():
+            log.error("Function %s is in error: %s", name, message)
+        for listener in self.listeners:
+            log.info("Function %s: %s", listener.name, listener.describe())
+            listener.start()
+        threading.Thread(target=self._announce_ready, name="funchost-ready", daemon=True).start()
+
+    def _listener(self, spec: FunctionSpec, invoker: Invoker) -> Listener:
+        assert self.options is not None and self._clients is not None
+        if spec.trigger_type == SERVICE_BUS_TRIGGER:
+            return ServiceBusTriggerListener(spec, invoker, self._clients, self.options.service_bus)
+        if spec.trigger_type == QUEUE_TRIGGER:
+            return QueueTriggerListener(spec, invoker, self._clients, self.options.queues)
+        if spec.trigger_type == TIMER_TRIGGER:
+            return TimerTriggerListener(spec, invoker)
+        raise FunctionLoadError(spec.name, f"trigger {spec.trigger_type} is not supported")  # build_spec prevents it
+
+    def _notify_queue(self, queue_name: str) -> None:
+        for listener in self.listeners:
+            if isinstance(listener, QueueTriggerListener) and listener.queue_name == queue_name:
+                listener.notify()
+
+    def _announce_ready(self) -> None:
+        started = time.monotonic()
+        reported = started
+        for listener in self.listeners:
+            while not listener.ready.wait(1.0):
+                if time.monotonic() - reported >= 10:
+                    reported = time.monotonic()
+                    waiting = [item.name for item in self.listeners if not item.ready.is_set()]
+                    log.info("still waiting for %s to start receiving", ", ".join(waiting))
+        log.info(
+            "%s functions=%d errors=%d instance=%s startup=%.1fs",
+            READY_MARKER,
+            len(self.listeners),
+            len(self.errors),
+            self.instance_id,
+            time.monotonic() - started,
+        )
+        self._ready.set()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self._ready.wait(timeout)
+
+    # --- stop -------------------------------------------------------------------------
+
+    def stop(self, drain_timeout: float = 30.0) -> bool:
+        """Stop receiving, let in-flight invocations finish until the deadline; True if every listener ended."""
+        deadline = time.monotonic() + max(0.0, drain_timeout)
+        for listener in self.listeners:
+            listener.stop(deadline)
+        ended = True
+        for listener in self.listeners:
+            ended &= listener.join(timeout=max(0.0, deadline - time.monotonic()) + 15.0)
+        if self._outputs:
+            self._outputs.close()
+        if self._clients:
+            self._clients.close()
+        if self._runner:
+            self._runner.close()
+        log.info("%s instance=%s drained=%s", STOPPED_MARKER, self.instance_id, ended)
+        return ended
+
+    def hurry(self) -> None:
+        """Cut the drain short: abandon what is still running now."""
+        now = time.monotonic()
+        for listener in self.listeners:
+            listener.stop(now)

@@ -1,0 +1,239 @@
+"""Call a user function the way the Python worker does, then flush its output bindings.
+
+- Arguments are bound by binding name: the trigger value (the rich object, or the
+  body as ``str``/``bytes`` when the parameter is annotated so), a fresh ``Out`` for
+  each output binding, and ``context`` when the function asks for it.
+- ``async def`` functions run on one event loop in its own thread (the worker runs
+  them on its event loop); plain functions run in the listener's thread pool.
+- Output values are sent only after the function returned; nothing is sent when it
+  raised. A failure to send fails the invocation, so the trigger message is retried.
+- Each invocation is logged in one line to stderr: function, trigger, id, duration
+  and outcome (plus the traceback on the following lines when it failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import azure.functions as func
+from azure.functions import _abc
+
+from .app import FunctionSpec
+
+log = logging.getLogger("funchost")
+
+
+class Out(func.Out):
+    """The value an output binding parameter was set to."""
+
+    def __init__(self) -> None:
+        self._value: Any = None
+
+    def set(self, val: Any) -> None:
+        self._value = val
+
+    def get(self) -> Any:
+        return self._value
+
+
+class _TraceContext(_abc.TraceContext):
+    def __init__(self, trace_parent: str) -> None:
+        self._trace_parent = trace_parent
+
+    @property
+    def trace_state(self) -> str:
+        return ""
+
+    @property
+    def trace_parent(self) -> str:
+        return self._trace_parent
+
+    @property
+    def attributes(self) -> dict[str, str]:
+        return {}
+
+
+class _RetryContext(_abc.RetryContext):
+    @property
+    def retry_count(self) -> int:
+        return 0
+
+    @property
+    def max_retry_count(self) -> int:
+        return 0
+
+    @property
+    def exception(self) -> Any:
+        return None
+
+
+class Context(func.Context):
+    """``azure.functions.Context`` for one invocation."""
+
+    _local = threading.local()
+
+    def __init__(self, invocation_id: str, function_name: str, function_directory: str) -> None:
+        self._invocation_id = invocation_id
+        self._function_name = function_name
+        self._function_directory = function_directory
+        trace_id = uuid.uuid4().hex
+        self._trace_context = _TraceContext(f"00-{trace_id}-{uuid.uuid4().hex[:16]}-00")
+
+    @property
+    def invocation_id(self) -> str:
+        return self._invocation_id
+
+    @property
+    def thread_local_storage(self) -> threading.local:
+        return self._local
+
+    @property
+    def function_name(self) -> str:
+        return self._function_name
+
+    @property
+    def function_directory(self) -> str:
+        return self._function_directory
+
+    @property
+    def trace_context(self) -> _abc.TraceContext:
+        return self._trace_context
+
+    @property
+    def retry_context(self) -> _abc.RetryContext:
+        return _RetryContext()
+
+
+class AsyncRunner:
+    """One event loop in a daemon thread for ``async def`` functions."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="funchost-event-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    def run(self, coroutine) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+
+@dataclass
+class TriggerValue:
+    """What the trigger delivers: the rich object, its body, and details for the log line."""
+
+    rich: Any
+    body: bytes
+    details: str = ""
+
+    def form(self, form: str) -> Any:
+        if form == "bytes":
+            return self.body
+        if form == "str":
+            return self.body.decode("utf-8")
+        return self.rich
+
+
+@dataclass
+class Outcome:
+    invocation_id: str
+    succeeded: bool
+    duration: float
+    error: BaseException | None = None
+
+
+class Invoker:
+    """Runs invocations: binds arguments, calls, sends outputs, logs one line per invocation."""
+
+    def __init__(self, send_output: Callable[[Any, Any], None], runner: AsyncRunner, function_directory: str) -> None:
+        self._send_output = send_output
+        self._runner = runner
+        self._function_directory = function_directory
+
+    def invoke(self, spec: FunctionSpec, trigger: TriggerValue) -> Outcome:
+        invocation_id = str(uuid.uuid4())
+        started = time.monotonic()
+        error: BaseException | None = None
+        try:
+            self._call(spec, trigger, invocation_id)
+        except Exception as caught:  # the function's failure is the invocation's outcome, never the host's
+            error = caught
+        duration = time.monotonic() - started
+        outcome = Outcome(invocation_id, error is None, duration, error)
+        self._log(spec, trigger, outcome)
+        return outcome
+
+    def _call(self, spec: FunctionSpec, trigger: TriggerValue, invocation_id: str) -> None:
+        args: dict[str, Any] = {}
+        outs: dict[str, Out] = {}
+        for param in spec.params:
+            if param.kind == "trigger":
+                args[param.name] = trigger.form(param.form)
+            elif param.kind == "out":
+                outs[param.name] = args[param.name] = Out()
+            else:
+                args[param.name] = Context(invocation_id, spec.name, self._function_directory)
+        if spec.is_async:
+            result = self._runner.run(spec.user_function(**args))
+        else:
+            result = spec.user_function(**args)
+        for binding in spec.outputs:
+            value = result if binding.name == "$return" else outs[binding.name].get()
+            if value is not None:
+                self._send_output(binding, value)
+
+    @staticmethod
+    def _log(spec: FunctionSpec, trigger: TriggerValue, outcome: Outcome) -> None:
+        status = "Succeeded" if outcome.succeeded else "Failed"
+        line = (
+            f"Executed 'Functions.{spec.name}' ({status}, Id={outcome.invocation_id}, "
+            f"Duration={outcome.duration * 1000:.0f}ms) trigger={spec.trigger_type}"
+        )
+        if trigger.details:
+            line += f" {trigger.details}"
+        if outcome.error is None:
+            log.info(line)
+        else:
+            error = outcome.error
+            first = str(error).splitlines()[0] if str(error) else ""
+            line += f" error={type(error).__name__}: {first}".rstrip()
+            trace = _user_traceback(error)
+            log.error("%s\n%s", line, "\n".join("    " + row for row in trace.splitlines()))
+
+
+_HOST_DIR = os.path.dirname(os.path.abspath(__file__))
+_PLUMBING = (_HOST_DIR, os.path.dirname(asyncio.__file__), os.path.dirname(concurrent.futures.__file__))
+
+
+def _user_traceback(error: BaseException) -> str:
+    """The traceback from the function down, without this host's and the thread/event-loop plumbing frames."""
+    report = traceback.TracebackException.from_exception(error)
+    for item in _chain(report):
+        frames = [frame for frame in item.stack if not frame.filename.startswith(_PLUMBING)]
+        item.stack = traceback.StackSummary.from_list(frames or list(item.stack))
+    return "".join(report.format()).rstrip()
+
+
+def _chain(report: traceback.TracebackException):
+    seen = set()
+    while report is not None and id(report) not in seen:
+        seen.add(id(report))
+        yield report
+        report = report.__cause__ or (None if report.__suppress_context__ else report.__context__)

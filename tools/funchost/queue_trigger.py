@@ -1,0 +1,261 @@
+"""Storage queue trigger, with the Functions host's polling, leasing and poison handling.
+
+- Polls for up to ``batchSize`` messages; fetches the next batch when the messages in
+  flight drop to ``newBatchThreshold``. An empty poll doubles the wait, from 100 ms up
+  to ``maxPollingInterval``; a message found resets it. A message that a function of
+  this host sends to the queue wakes the poller at once.
+- A received message is leased for 10 minutes and the lease is renewed at half-time
+  while the function runs (the Functions host does the same), so a slow function
+  never lets another instance take its message. A message taken by a crashed host
+  reappears when its lease ends; ``FUNCHOST_QUEUE_LEASE_SECONDS`` (this host's own
+  setting) shortens the lease for crash tests.
+- Success deletes the message. Failure makes it visible again after host.json
+  ``visibilityTimeout``; the failure of the ``maxDequeueCount``-th attempt moves it to
+  ``<queue>-poison`` (so does a message received past that count, or one whose body is
+  not valid for ``messageEncoding``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from azure.core.exceptions import AzureError, ResourceNotFoundError
+from azure.functions.queue import QueueMessage as FunctionQueueMessage
+from azure.storage.queue import QueueMessage as StorageMessage
+
+from .app import FunctionSpec
+from .config import QueueOptions
+from .connections import Clients
+from .invoke import Invoker, TriggerValue
+from .listener import Listener
+from .outputs import decode_queue_text, ensure_queue
+
+log = logging.getLogger("funchost")
+
+MIN_POLL_SECONDS = 0.1
+POISON_SUFFIX = "-poison"
+
+
+@dataclass
+class _Lease:
+    message: StorageMessage
+    pop_receipt: str
+    renew_at: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    settled: bool = False
+
+
+class QueueTriggerListener(Listener):
+    def __init__(self, spec: FunctionSpec, invoker: Invoker, clients: Clients, options: QueueOptions) -> None:
+        super().__init__(spec, invoker)
+        self._clients = clients
+        self._options = options
+        self._setting = spec.trigger.connection
+        self.queue_name: str = spec.trigger.queue_name
+        self.poison_name = self.queue_name + POISON_SUFFIX
+        self._client = clients.queue(self._setting, self.queue_name)
+        self._poll_signal = threading.Event()
+        self._slot_signal = threading.Event()
+        self._leases: dict[str, _Lease] = {}
+        self._leases_lock = threading.Lock()
+        self._futures: set[Future] = set()
+        self._lease = int(options.lease.total_seconds())
+        self._batch = min(32, max(1, options.batch_size))
+        self._threshold = max(0, options.new_batch_threshold)
+        self._executor = ThreadPoolExecutor(
+            max_workers=self._batch + self._threshold, thread_name_prefix=f"queue-{spec.name}"
+        )
+
+    def describe(self) -> str:
+        return f"{self.spec.trigger_type} queue={self.queue_name}"
+
+    def prepare(self) -> None:
+        ensure_queue(self._clients, self._setting, self.queue_name)
+
+    def notify(self) -> None:
+        """A message was just sent to this queue by this host: poll now."""
+        self._poll_signal.set()
+
+    def _wake(self) -> None:
+        self._poll_signal.set()
+        self._slot_signal.set()
+
+    # --- the poller thread ------------------------------------------------------------
+
+    def _run(self) -> None:
+        delay = MIN_POLL_SECONDS
+        self.ready.set()
+        while not self._stopping.is_set():
+            self._renew_leases()
+            if len(self._futures) > self._threshold:
+                self._slot_signal.wait(min(0.5, self._until_renewal()))
+                self._slot_signal.clear()
+                continue
+            messages = self._receive()
+            if messages:
+                delay = MIN_POLL_SECONDS
+                for message in messages:
+                    self._dispatch(message)
+                continue
+            self._poll_signal.wait(min(delay, self._until_renewal()))
+            self._poll_signal.clear()
+            delay = min(delay * 2, self._options.max_polling_interval.total_seconds())
+        self._drain()
+
+    def _receive(self) -> list[StorageMessage]:
+        try:
+            pages = self._client.receive_messages(
+                messages_per_page=self._batch, visibility_timeout=self._lease
+            ).by_page()
+            return list(next(pages, []))
+        except ResourceNotFoundError:
+            # Deleted under us (a test cleaning up, an operator): recreate it, as the host would on start.
+            self._ensure_queue_quietly(self.queue_name)
+        except AzureError as error:
+            log.warning("polling queue %s failed: %s", self.queue_name, _short(error))
+        return []
+
+    def _dispatch(self, message: StorageMessage) -> None:
+        lease = _Lease(message, message.pop_receipt, time.monotonic() + self._lease / 2)
+        with self._leases_lock:
+            self._leases[message.id] = lease
+        future = self._executor.submit(self._process, lease)
+        self._futures.add(future)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: Future) -> None:
+        self._futures.discard(future)
+        self._slot_signal.set()
+
+    def _until_renewal(self) -> float:
+        """Seconds until the next lease renewal is due (a long poll wait must not miss it)."""
+        with self._leases_lock:
+            due = [lease.renew_at for lease in self._leases.values() if not lease.settled]
+        return max(0.0, min(due) - time.monotonic()) if due else float(self._lease)
+
+    def _renew_leases(self) -> None:
+        now = time.monotonic()
+        with self._leases_lock:
+            due = [lease for lease in self._leases.values() if lease.renew_at <= now and not lease.settled]
+        for lease in due:
+            with lease.lock:
+                if lease.settled:
+                    continue
+                try:
+                    updated = self._client.update_message(
+                        lease.message.id, lease.pop_receipt, visibility_timeout=self._lease
+                    )
+                    lease.pop_receipt = updated.pop_receipt
+                    lease.renew_at = time.monotonic() + self._lease / 2
+                except AzureError as error:
+                    log.warning("renewing the lease of message %s failed: %s", lease.message.id, _short(error))
+                    lease.renew_at = time.monotonic() + 5
+
+    def _drain(self) -> None:
+        pending = set(self._futures)
+        if pending:
+            log.info("%s: waiting for %d in-flight message(s)", self.name, len(pending))
+        # In short steps: a second Ctrl-C moves the deadline to now (Host.hurry).
+        while pending and self.remaining() > 0:
+            pending = wait(pending, timeout=min(0.2, self.remaining())).not_done
+        with self._leases_lock:
+            unfinished = [lease for lease in self._leases.values() if not lease.settled]
+        for lease in unfinished:
+            with lease.lock:
+                if lease.settled:
+                    continue
+                lease.settled = True
+                self._set_visibility(lease, 0)
+                log.warning("%s: released message %s unfinished at shutdown", self.name, lease.message.id)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # --- one message, in a pool thread --------------------------------------------------
+
+    def _process(self, lease: _Lease) -> None:
+        message = lease.message
+        try:
+            count = message.dequeue_count or 1
+            if count > self._options.max_dequeue_count:
+                self._poison(lease, f"dequeue count {count} exceeds maxDequeueCount")
+                return
+            try:
+                body = decode_queue_text(message.content or "", self._options.message_encoding)
+            except ValueError:
+                self._poison(lease, f"its body is not valid {self._options.message_encoding}")
+                return
+            rich = FunctionQueueMessage(
+                id=message.id,
+                body=body,
+                dequeue_count=count,
+                expiration_time=message.expires_on,
+                insertion_time=message.inserted_on,
+                time_next_visible=message.next_visible_on,
+                pop_receipt=message.pop_receipt,
+            )
+            details = f"queue={self.queue_name} message_id={message.id} dequeue_count={count}"
+            outcome = self.invoker.invoke(self.spec, TriggerValue(rich, body, details))
+            if outcome.succeeded:
+                self._delete(lease)
+            elif count >= self._options.max_dequeue_count:
+                self._poison(lease, f"it failed {count} times (maxDequeueCount)")
+            else:
+                with lease.lock:
+                    if not lease.settled:
+                        lease.settled = True
+                        self._set_visibility(lease, int(self._options.visibility_timeout.total_seconds()))
+        except Exception:  # a storage error here must not kill the pool thread; the lease expires and it reappears
+            log.exception("%s: handling message %s failed", self.name, message.id)
+        finally:
+            with self._leases_lock:
+                self._leases.pop(message.id, None)
+
+    def _delete(self, lease: _Lease) -> None:
+        with lease.lock:
+            if lease.settled:
+                log.warning(
+                    "%s: message %s finished after it was released; it will run again", self.name, lease.message.id
+                )
+                return
+            lease.settled = True
+            try:
+                self._client.delete_message(lease.message.id, lease.pop_receipt)
+            except ResourceNotFoundError:
+                log.warning("%s: message %s was already gone when deleting it", self.name, lease.message.id)
+
+    def _set_visibility(self, lease: _Lease, seconds: int) -> None:
+        try:
+            self._client.update_message(lease.message.id, lease.pop_receipt, visibility_timeout=seconds)
+        except ResourceNotFoundError:
+            log.warning("%s: message %s was already gone when releasing it", self.name, lease.message.id)
+
+    def _poison(self, lease: _Lease, reason: str) -> None:
+        with lease.lock:
+            if lease.settled:
+                return
+            lease.settled = True
+            poison = self._clients.queue(self._setting, self.poison_name)
+            try:
+                poison.send_message(lease.message.content or "")
+            except ResourceNotFoundError:
+                self._ensure_queue_quietly(self.poison_name)
+                poison.send_message(lease.message.content or "")
+            try:
+                self._client.delete_message(lease.message.id, lease.pop_receipt)
+            except ResourceNotFoundError:
+                pass
+        log.warning("%s: moved message %s to %s: %s", self.name, lease.message.id, self.poison_name, reason)
+
+    def _ensure_queue_quietly(self, name: str) -> None:
+        try:
+            ensure_queue(self._clients, self._setting, name)
+        except AzureError as error:
+            log.warning("creating queue %s failed: %s", name, _short(error))
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"

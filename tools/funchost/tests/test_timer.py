@@ -1,0 +1,28 @@
+"""Timer triggers through a real host process: a seconds schedule from an app setting, run_on_startup."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime
+
+from .support import APP_DIR, eventually, only, records
+
+
+def test_a_seconds_schedule_from_a_setting_fires_on_time_and_run_on_startup_fires_once(funchost, tmp_path):
+    env = {"FH_RECORD_DIR": str(tmp_path), "FH_TIMER_SCHEDULE": "*/2 * * * * *", **only("tick", "tick_on_startup")}
+    (host,) = funchost.start(APP_DIR, env=env)
+
+    ticks = eventually(
+        lambda: records(tmp_path, "tick")[2:] and records(tmp_path, "tick"), timeout=15, what="three ticks"
+    )
+    times = [datetime.fromisoformat(t["at"]) for t in ticks[:3]]
+    for at in times:
+        # On an even second, a little after the boundary (the function records its own start).
+        assert at.second % 2 == 0 and at.microsecond < 500_000, at
+    assert [round((b - a).total_seconds()) for a, b in itertools.pairwise(times)] == [2, 2]
+    assert all(t["past_due"] is False and t["type"] == "TimerRequest" for t in ticks)
+
+    (startup,) = records(tmp_path, "tick_on_startup")
+    assert startup["past_due"] is False
+    assert datetime.fromisoformat(startup["at"]) <= times[0]
+    assert 'schedule="*/2 * * * * *"' in host.log_text()

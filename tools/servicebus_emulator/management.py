@@ -1,0 +1,199 @@
+"""Request/response nodes: ``$cbs`` (token put) and ``<entity>/$management``.
+
+Each request is an AMQP message whose application property ``operation`` names
+the operation and whose body (an AMQP value) holds the arguments; the reply goes
+back on the receiver link attached to the same address in the same session, with
+``correlation_id`` set to the request's ``message_id``. CBS replies use
+``status-code``/``status-description``; management replies ``statusCode``/
+``statusDescription`` (and ``errorCondition`` on failure), as Service Bus does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
+
+from . import codec
+from . import message as messages
+from .broker import LockLost, MessageNotFound, MessageState, MessageStore, Queue, StoredMessage
+
+log = logging.getLogger(__name__)
+
+LOCK_LOST = "com.microsoft:message-lock-lost"
+MESSAGE_NOT_FOUND = "com.microsoft:message-not-found"
+ARGUMENT_ERROR = "com.microsoft:argument-error"
+NOT_IMPLEMENTED = "amqp:not-implemented"
+
+
+class ManagementError(Exception):
+    def __init__(self, status: int, condition: str, description: str) -> None:
+        super().__init__(description)
+        self.status, self.condition, self.description = status, condition, description
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
+
+
+def _array(item_type: str, values: list[Any]) -> dict[str, Any]:
+    return {TYPE: AMQPTypes.array, VALUE: [{TYPE: item_type, VALUE: value} for value in values]}
+
+
+def reply(
+    request: codec.Message,
+    status: int,
+    description: str,
+    *,
+    value: Any = None,
+    condition: str | None = None,
+    cbs: bool = False,
+) -> bytes:
+    """Encode the response to ``request``."""
+    code_key, description_key = ("status-code", "status-description") if cbs else ("statusCode", "statusDescription")
+    properties: dict[str, Any] = {code_key: {TYPE: AMQPTypes.int, VALUE: status}, description_key: description}
+    if condition:
+        properties["errorCondition"] = {TYPE: AMQPTypes.symbol, VALUE: condition}
+    correlation_id = request.properties.message_id if request.properties else None
+    return codec.encode_message(
+        codec.Message(
+            properties=codec.Properties(correlation_id=correlation_id),
+            application_properties=properties,
+            value=value,
+        )
+    )
+
+
+def handle_cbs(request: codec.Message) -> bytes:
+    """Accept any token: the emulator does not authenticate (see the docs' limits)."""
+    operation = _text((request.application_properties or {}).get(b"operation"))
+    if operation != "put-token":
+        return reply(request, 400, f"Unsupported CBS operation {operation!r}.", cbs=True)
+    return reply(request, 200, "OK", cbs=True)
+
+
+def _lock_token(value: Any) -> bytes:
+    if not isinstance(value, uuid.UUID):
+        raise ManagementError(400, ARGUMENT_ERROR, "Lock tokens must be UUIDs.")
+    return value.bytes_le  # the delivery tag, as the SDK reads it with uuid.UUID(bytes_le=tag)
+
+
+def _delivered(stored: StoredMessage, locked_until: float | None, state: int | None = None) -> bytes:
+    return messages.encode(
+        stored.content,
+        sequence_number=stored.sequence_number,
+        enqueued_ms=stored.enqueued_ms,
+        delivery_count=stored.delivery_count,
+        locked_until_ms=int(locked_until * 1000) if locked_until is not None else None,
+        state=state,
+        dead_letter=stored.dead_letter,
+    )
+
+
+class ManagementNode:
+    """The ``$management`` node of one queue or dead-letter queue."""
+
+    def __init__(self, queue: Queue, store: MessageStore) -> None:
+        self.queue = queue
+        self.store = store
+
+    def handle(self, request: codec.Message) -> bytes:
+        operation = _text((request.application_properties or {}).get(b"operation")) or ""
+        name = operation.removeprefix("com.microsoft:")
+        self.queue.operations[f"management.{name or '?'} {self.queue.settings.name}"] += 1
+        body = request.value if isinstance(request.value, dict) else {}
+        handler = getattr(self, "_" + name.replace("-", "_"), None)
+        if handler is None:
+            return reply(request, 501, f"The emulator does not support {operation!r}.", condition=NOT_IMPLEMENTED)
+        try:
+            status, value = handler(body)
+        except ManagementError as error:
+            return reply(request, error.status, error.description, condition=error.condition)
+        except (KeyError, TypeError, ValueError) as error:
+            log.info("bad %s request: %r", operation, error)
+            return reply(request, 400, f"Bad request: {error!r}", condition=ARGUMENT_ERROR)
+        return reply(request, status, "OK" if status == 200 else "No Content", value=value)
+
+    # --- operations --------------------------------------------------------------------------
+
+    def _renew_lock(self, body: dict[bytes, Any]) -> tuple[int, Any]:
+        expirations = []
+        for value in body[b"lock-tokens"]:
+            try:
+                expirations.append(int(self.store.renew(_lock_token(value)) * 1000))
+            except LockLost:
+                raise ManagementError(410, LOCK_LOST, "The lock on the message has expired or was lost.") from None
+        return 200, {"expirations": _array(AMQPTypes.timestamp, expirations)}
+
+    def _schedule_message(self, body: dict[bytes, Any]) -> tuple[int, Any]:
+        numbers = []
+        for entry in body[b"messages"]:
+            try:
+                content = messages.parse(entry[b"message"])
+            except codec.CodecError as error:
+                raise ManagementError(400, ARGUMENT_ERROR, f"Malformed message: {error}") from error
+            when = content.scheduled_enqueue_ms
+            at = when / 1000.0 if when is not None else time.time()
+            numbers.append(self.queue.schedule(content, at))
+        return 200, {"sequence-numbers": _array(AMQPTypes.long, numbers)}
+
+    def _cancel_scheduled_message(self, body: dict[bytes, Any]) -> tuple[int, Any]:
+        for number in body[b"sequence-numbers"]:
+            try:
+                self.queue.cancel_scheduled(int(number))
+            except MessageNotFound:
+                pass  # already enqueued or cancelled: Service Bus does not fail either
+        return 200, None
+
+    def _peek_message(self, body: dict[bytes, Any]) -> tuple[int, Any]:
+        start = int(body.get(b"from-sequence-number") or 1)
+        count = int(body.get(b"message-count") or 1)
+        found = self.store.peek(start, count)
+        if not found:
+            return 204, None
+        encoded = [{"message": _delivered(m, None, int(m.state) or None)} for m in found]
+        return 200, {"messages": encoded}
+
+    def _receive_by_sequence_number(self, body: dict[bytes, Any]) -> tuple[int, Any]:
+        receive_and_delete = int(body.get(b"receiver-settle-mode", 1)) == 0
+        results = []
+        for number in body[b"sequence-numbers"]:
+            try:
+                stored, token = self.store.take_deferred(int(number), receive_and_delete)
+            except MessageNotFound:
+                raise ManagementError(
+                    404, MESSAGE_NOT_FOUND, f"No deferred message with sequence number {number}."
+                ) from None
+            entry: dict[str, Any] = {
+                "message": _delivered(stored, stored.locked_until if token else None, int(MessageState.DEFERRED))
+            }
+            if token is not None:
+                entry["lock-token"] = uuid.UUID(bytes_le=token)
+            results.append(entry)
+        return 200, {"messages": results}
+
+    def _update_disposition(self, body: dict[bytes, Any]) -> tuple[int, Any]:
+        status = _text(body[b"disposition-status"])
+        for value in body[b"lock-tokens"]:
+            token = _lock_token(value)
+            try:
+                if status == "completed":
+                    self.store.complete(token)
+                elif status == "abandoned":
+                    self.store.abandon(token)
+                elif status == "defered":
+                    self.store.defer(token)
+                elif status == "suspended":
+                    self.store.dead_letter(
+                        token, _text(body.get(b"deadletter-reason")), _text(body.get(b"deadletter-description"))
+                    )
+                else:
+                    raise ManagementError(400, ARGUMENT_ERROR, f"Unknown disposition status {status!r}.")
+            except LockLost:
+                raise ManagementError(410, LOCK_LOST, "The lock on the message has expired or was lost.") from None
+        return 200, None
