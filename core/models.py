@@ -190,23 +190,28 @@ class LineState(str, Enum):
     FAILED = "Failed"
 
 
-class LineRecord(BaseModel):
-    """How one line (a step's action or its compensation) ended: the step rows."""
+class Line(BaseModel):
+    """One line of a workflow: a step's action or its compensation, and how it went."""
 
     model_config = ConfigDict(frozen=True)
 
-    order_id: str
-    step_index: int
     step: str
     kind: Kind
     action: str | None
-    state: LineState
     #: The attempt (fencing token) of the line's last claim.
-    attempt: int
+    attempt: int | None = None
     failure_count: int = 0
     last_error: str | None = None
     #: The remote service's answer (kept for later steps and for the compensation).
     result: dict[str, Any] | None = None
+
+
+class LineRecord(Line):
+    """How one line ended: the step rows."""
+
+    order_id: str
+    step_index: int
+    state: LineState
     updated_at: AwareDatetime
 
 

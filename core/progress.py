@@ -3,11 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict
-
-from core.models import LineRecord, OrderState, ProcessState
+from core.models import Line, LineRecord, OrderState, ProcessState
 from core.workflow import Kind, Workflow
 
 #: A line that has not ended yet: waiting for the scheduler, or with its agent.
@@ -18,18 +14,11 @@ PLANNED = "Planned"
 NOT_STARTED = "NotStarted"
 
 
-class LineView(BaseModel):
-    model_config = ConfigDict(frozen=True)
+class LineView(Line):
+    """A line as an operator sees it: ended, running, waiting, planned or not started."""
 
-    step: str
-    kind: Kind
-    action: str | None
     remote: str
     state: str
-    attempt: int | None = None
-    failure_count: int = 0
-    last_error: str | None = None
-    result: dict[str, Any] | None = None
 
 
 def progress(state: OrderState, workflow: Workflow, lines: tuple[LineRecord, ...] | list[LineRecord]) -> list[LineView]:
