@@ -97,6 +97,24 @@ def queue_client(settings: Settings, queue_name: str):
     return QueueClient(endpoint, queue_name, credential=credential(settings.storage_client_id), **options)
 
 
+def async_credential(client_id: str | None):
+    """As :func:`credential`, for the async clients (needs aiohttp, pinned)."""
+    from azure.identity.aio import DefaultAzureCredential, ManagedIdentityCredential
+
+    if client_id:
+        return ManagedIdentityCredential(client_id=client_id)
+    return DefaultAzureCredential()
+
+
+def async_servicebus_client(settings: Settings):
+    """A Service Bus client for ``async`` functions (created on the running event loop)."""
+    from azure.servicebus.aio import ServiceBusClient
+
+    if settings.servicebus_connection_string:
+        return ServiceBusClient.from_connection_string(settings.servicebus_connection_string)
+    return ServiceBusClient(settings.servicebus_namespace, async_credential(settings.servicebus_client_id))
+
+
 def servicebus_client(settings: Settings):
     from azure.servicebus import ServiceBusClient
 

@@ -8,6 +8,7 @@ or more each time).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -110,13 +111,7 @@ class Publisher:
         return True
 
     def send_agent_response(self, response: AgentResponse, *, queue: str) -> None:
-        message = _message(
-            response,
-            message_id=f"{agent_request_id(response.order_id, response.step, response.attempt)}:response",
-            correlation_id=response.order_id,
-            subject=response.outcome.value,
-        )
-        self._send(queue, message, "agent_response")
+        self._send(queue, _response_message(response), "agent_response")
 
     def send_alert(self, alert: Alert, *, queue: str, attempt: int) -> None:
         """Alerts have a stable message id per failed attempt, so a repeated alert (after a
@@ -174,6 +169,53 @@ class _Link:
                 pass
 
 
+class AsyncPublisher:
+    """Service Bus sending from ``async`` functions (the agents): one client and one sender
+    per queue on the event loop, reused across invocations; nothing holds a thread."""
+
+    def __init__(self, client) -> None:
+        self.client = client  # an azure.servicebus.aio.ServiceBusClient
+        self._senders: dict[str, object] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.ops: Counter[str] = Counter()
+
+    async def send_agent_response(self, response: AgentResponse, *, queue: str) -> None:
+        lock = self._locks.setdefault(queue, asyncio.Lock())
+        async with lock:  # a sender is not safe for concurrent sends
+            sender = self._senders.get(queue)
+            if sender is None:
+                sender = self._senders[queue] = self.client.get_queue_sender(queue)
+            try:
+                await sender.send_messages(_response_message(response))
+            except Exception:
+                self._senders.pop(queue, None)  # a broken link is not reused
+                await _close_quietly(sender)
+                raise
+        self.ops["agent_response"] += 1
+
+    async def close(self) -> None:
+        senders, self._senders = list(self._senders.values()), {}
+        for sender in senders:
+            await _close_quietly(sender)
+        await self.client.close()
+
+
+async def _close_quietly(sender) -> None:
+    try:
+        await sender.close()
+    except Exception:  # noqa: BLE001 - closing a broken or idle sender may fail; nothing to do
+        pass
+
+
+def _response_message(response: AgentResponse) -> ServiceBusMessage:
+    return _message(
+        response,
+        message_id=f"{agent_request_id(response.order_id, response.step, response.attempt)}:response",
+        correlation_id=response.order_id,
+        subject=response.outcome.value,
+    )
+
+
 class Nudger:
     """Puts nudges on the scheduler's storage queue (base64, as the Functions host reads them)."""
 
@@ -187,4 +229,4 @@ class Nudger:
         self.ops["nudge"] += 1
 
 
-__all__ = ["Nudger", "Publisher", "agent_request_id"]
+__all__ = ["AsyncPublisher", "Nudger", "Publisher", "agent_request_id"]

@@ -17,7 +17,7 @@ from core.models import AgentRequest, AgentResponse, Outcome
 log = logging.getLogger(__name__)
 
 
-def run(request: AgentRequest, *, remote: RemoteClient, now: Callable[[], datetime]) -> AgentResponse | None:
+async def run(request: AgentRequest, *, remote: RemoteClient, now: Callable[[], datetime]) -> AgentResponse | None:
     if now() >= request.complete_by:
         log.warning(
             "order %s attempt %s (%s %s) arrived past complete-by: not acting",
@@ -25,7 +25,7 @@ def run(request: AgentRequest, *, remote: RemoteClient, now: Callable[[], dateti
         )
         return None
     try:
-        result = remote.call(request, now=now)
+        result = await remote.call(request, now=now)
     except PermanentRemoteError as error:
         return _response(request, Outcome.FAILED_PERMANENT, error=str(error))
     except (DeadlineReached, TransientRemoteError) as error:

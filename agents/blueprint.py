@@ -1,14 +1,24 @@
 """Bindings of the agent functions: one per remote service (``run_<remote>_agent``), each
-on its own request queue, so a slow service cannot starve the others."""
+on its own request queue, so a slow service cannot starve the others.
+
+The agents are ``async``: a call to a remote service waits on the network, and its
+retries back off, for up to the step's timeout. As sync functions they would hold a
+thread of the worker's one shared pool all that time (``min(32, cores + 4)`` threads;
+see tools/funchost/README.md), and on a small instance requests would queue up in the
+worker until they arrive past complete-by. Async, they hold nothing while they wait.
+"""
 
 from __future__ import annotations
 
-import threading
+import asyncio
+from dataclasses import dataclass, field
 
 import azure.functions as func
 
-from adapters.settings import Settings
-from adapters.wiring import parse_or_drop, services
+from adapters import clients
+from adapters.messaging import AsyncPublisher
+from adapters.settings import Settings, get_settings
+from adapters.wiring import parse_or_drop
 from agents import agent
 from agents.remote import RemoteClient
 from core import names
@@ -17,33 +27,47 @@ from core.workflow import remotes
 
 bp = func.Blueprint()
 
-_clients: dict[str, RemoteClient] = {}
-_lock = threading.Lock()
 
+@dataclass
+class AgentRuntime:
+    """The agents' collaborators on one event loop, built on first use and reused."""
 
-def remote_client(settings: Settings, remote: str) -> RemoteClient:
-    """One client per remote service per process (it pools connections)."""
-    with _lock:
-        if remote not in _clients:
-            _clients[remote] = RemoteClient(
-                settings.remote_url(remote), call_timeout=settings.remote_call_timeout_seconds
+    settings: Settings
+    publisher: AsyncPublisher
+    clients: dict[str, RemoteClient] = field(default_factory=dict)
+
+    def remote(self, remote: str) -> RemoteClient:
+        if remote not in self.clients:
+            self.clients[remote] = RemoteClient(
+                self.settings.remote_url(remote), call_timeout=self.settings.remote_call_timeout_seconds
             )
-        return _clients[remote]
+        return self.clients[remote]
 
 
-def handle(msg: func.ServiceBusMessage, remote: str) -> None:
+_runtimes: dict[asyncio.AbstractEventLoop, AgentRuntime] = {}
+
+
+def runtime() -> AgentRuntime:
+    loop = asyncio.get_running_loop()
+    if loop not in _runtimes:
+        settings = get_settings()
+        _runtimes[loop] = AgentRuntime(settings, AsyncPublisher(clients.async_servicebus_client(settings)))
+    return _runtimes[loop]
+
+
+async def handle(msg: func.ServiceBusMessage, remote: str) -> None:
     request = parse_or_drop(AgentRequest, msg.get_body(), what="agent request", message_id=msg.message_id)
     if request is None:
         return
-    s = services()
-    response = agent.run(request, remote=remote_client(s.settings, remote), now=utcnow)
+    r = runtime()
+    response = await agent.run(request, remote=r.remote(remote), now=utcnow)
     if response is not None:
-        s.publisher.send_agent_response(response, queue=msg.reply_to or s.settings.agent_responses_queue)
+        await r.publisher.send_agent_response(response, queue=msg.reply_to or r.settings.agent_responses_queue)
 
 
 def _register(remote: str) -> None:
-    def run_agent(msg: func.ServiceBusMessage) -> None:
-        handle(msg, remote)
+    async def run_agent(msg: func.ServiceBusMessage) -> None:
+        await handle(msg, remote)
 
     run_agent.__name__ = run_agent.__qualname__ = names.agent_function(remote)
     bp.function_name(names.agent_function(remote))(

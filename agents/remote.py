@@ -9,15 +9,15 @@ body is done, 408, 429, 5xx, connection errors and timeouts are transient, any o
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
-import threading
-import time
-from collections.abc import Callable
+import json
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-import requests
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+import aiohttp
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from core.models import AgentRequest
 from core.workflow import Kind
@@ -48,8 +48,7 @@ class DeadlineReached(RemoteError):
     """The step's complete-by time came before the step could be done."""
 
 
-def _retry_after(response: requests.Response) -> float | None:
-    value = response.headers.get("Retry-After")
+def _retry_after(value: str | None) -> float | None:
     if not value:
         return None
     try:
@@ -69,26 +68,35 @@ def complete_by_header(when: datetime) -> str:
 
 
 class RemoteClient:
-    """Calls ``POST {base_url}/{action}`` for one remote service. One ``requests.Session``
-    per thread. How often it retries within an attempt is the request's policy (the
-    step's); the supervisor retries attempts."""
+    """Calls ``POST {base_url}/{action}`` for one remote service, without holding a thread:
+    an aiohttp session (connection pool) per event loop, sleeps that yield. How often it
+    retries within an attempt is the request's policy (the step's); the supervisor
+    retries attempts."""
 
     def __init__(
-        self, base_url: str, *, call_timeout: float = 10.0, sleep: Callable[[float], None] = time.sleep
+        self, base_url: str, *, call_timeout: float = 10.0, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.call_timeout = call_timeout
         self._sleep = sleep
-        self._local = threading.local()
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
 
-    def _session(self) -> requests.Session:
-        session = getattr(self._local, "session", None)
-        if session is None:
-            session = self._local.session = requests.Session()
-            session.trust_env = False
+    def _session(self) -> aiohttp.ClientSession:
+        # A session belongs to the loop it was made on (the worker has one loop).
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            session = self._sessions[loop] = aiohttp.ClientSession(trust_env=False)
         return session
 
-    def call(self, request: AgentRequest, *, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> dict[str, Any]:
+    async def close(self) -> None:
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            await session.close()
+
+    async def call(
+        self, request: AgentRequest, *, now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    ) -> dict[str, Any]:
         """The remote result; raises PermanentRemoteError, DeadlineReached, or
         TransientRemoteError when the calls ran out before the deadline did."""
         policy = request.policy
@@ -111,22 +119,22 @@ class RemoteClient:
         def past_deadline(state: RetryCallState) -> bool:
             return time_left() - (state.upcoming_sleep or 0.0) < MIN_CALL_SECONDS
 
-        retrying = Retrying(
+        retrying = AsyncRetrying(
             retry=retry_if_exception_type(TransientRemoteError),
             wait=wait,
             stop=stop_after_attempt(policy.max_calls) | past_deadline,
             sleep=self._sleep,
             reraise=True,
         )
-        for attempt in retrying:
+        async for attempt in retrying:
             with attempt:
                 left = time_left()
                 if left < MIN_CALL_SECONDS:
                     raise DeadlineReached(f"complete-by {request.complete_by.isoformat()} reached")
-                return self._call(request, timeout=min(self.call_timeout, left))
-        raise AssertionError("unreachable")  # pragma: no cover - Retrying returns or raises
+                return await self._call(request, timeout=min(self.call_timeout, left))
+        raise AssertionError("unreachable")  # pragma: no cover - AsyncRetrying returns or raises
 
-    def _call(self, request: AgentRequest, *, timeout: float) -> dict[str, Any]:
+    async def _call(self, request: AgentRequest, *, timeout: float) -> dict[str, Any]:
         body = {
             "order_id": request.order_id,
             "step": request.step,
@@ -138,16 +146,19 @@ class RemoteClient:
             body["result"] = request.result
         headers = {"Idempotency-Key": request.idempotency_key, "Complete-By": complete_by_header(request.complete_by)}
         try:
-            response = self._session().post(
-                f"{self.base_url}/{request.action}", json=body, headers=headers, timeout=timeout
-            )
-        except (requests.ConnectionError, requests.Timeout) as error:
+            async with self._session().post(
+                f"{self.base_url}/{request.action}", json=body, headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as response:
+                status, text = response.status, await response.text()
+                retry_after = _retry_after(response.headers.get("Retry-After"))
+        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
             raise TransientRemoteError(f"{type(error).__name__}: {error}") from error
-        if response.status_code in TRANSIENT_STATUS:
-            raise TransientRemoteError(f"HTTP {response.status_code}", retry_after=_retry_after(response))
-        if response.status_code >= 400:
-            raise PermanentRemoteError(f"HTTP {response.status_code}: {response.text[:500]}")
+        if status in TRANSIENT_STATUS:
+            raise TransientRemoteError(f"HTTP {status}", retry_after=retry_after)
+        if status >= 400:
+            raise PermanentRemoteError(f"HTTP {status}: {text[:500]}")
         try:
-            return response.json()
+            return json.loads(text)
         except ValueError as error:
-            raise TransientRemoteError(f"HTTP {response.status_code} with a body that is not JSON") from error
+            raise TransientRemoteError(f"HTTP {status} with a body that is not JSON") from error

@@ -3,6 +3,7 @@ permanent failures, the deadline, a stable idempotency key, and compensations.""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import timedelta
 
@@ -42,20 +43,32 @@ def inventory(fake_remote, **kwargs) -> RemoteClient:
     return RemoteClient(fake_remote.base_url("inventory"), call_timeout=5.0, **kwargs)
 
 
+def run(request: AgentRequest, *, remote: RemoteClient, now=utcnow):
+    """The async agent on an event loop of its own, as the worker runs it."""
+
+    async def once():
+        try:
+            return await agent.run(request, remote=remote, now=now)
+        finally:
+            await remote.close()
+
+    return asyncio.run(once())
+
+
 class RecordingSleep:
-    """Real sleeping, remembering how long each wait was."""
+    """Real (async) sleeping, remembering how long each wait was."""
 
     def __init__(self) -> None:
         self.waits: list[float] = []
 
-    def __call__(self, seconds: float) -> None:
+    async def __call__(self, seconds: float) -> None:
         self.waits.append(seconds)
-        time.sleep(seconds)
+        await asyncio.sleep(seconds)
 
 
 def test_transient_faults_are_retried_and_applied_once(fake_remote):
     fake_remote.set_faults(script={"o-1": ["transient", "drop", "transient"]})
-    response = agent.run(request(), remote=inventory(fake_remote), now=utcnow)
+    response = run(request(), remote=inventory(fake_remote), now=utcnow)
     assert response.outcome is Outcome.SUCCEEDED and response.result["order_id"] == "o-1"
     effects = fake_remote.effects()
     assert effects["calls"] == 4
@@ -65,14 +78,14 @@ def test_transient_faults_are_retried_and_applied_once(fake_remote):
 def test_retry_after_is_honoured(fake_remote):
     fake_remote.set_faults(script={"o-1": ["throttle"]}, retry_after_seconds=1)
     sleep = RecordingSleep()
-    response = agent.run(request(), remote=inventory(fake_remote, sleep=sleep), now=utcnow)
+    response = run(request(), remote=inventory(fake_remote, sleep=sleep), now=utcnow)
     assert response.outcome is Outcome.SUCCEEDED
     assert sleep.waits and sleep.waits[0] >= 1.0
 
 
 def test_permanent_failure_is_not_retried(fake_remote):
     fake_remote.set_faults(script={"o-1": ["always:permanent"]})
-    response = agent.run(request(), remote=inventory(fake_remote), now=utcnow)
+    response = run(request(), remote=inventory(fake_remote), now=utcnow)
     assert response.outcome is Outcome.FAILED_PERMANENT and "422" in response.error
     assert fake_remote.effects()["calls"] == 1
     assert fake_remote.effects()["total"] == 0
@@ -81,7 +94,7 @@ def test_permanent_failure_is_not_retried(fake_remote):
 def test_nothing_is_sent_when_the_deadline_passes_during_retries(fake_remote):
     fake_remote.set_faults(script={"o-1": ["always:hang"]}, slow_seconds=30)
     started = time.monotonic()
-    response = agent.run(request(seconds=1.5), remote=inventory(fake_remote), now=utcnow)
+    response = run(request(seconds=1.5), remote=inventory(fake_remote), now=utcnow)
     elapsed = time.monotonic() - started
     assert response is None
     assert elapsed < 2.5, f"the agent kept going {elapsed:.1f}s past a 1.5s deadline"
@@ -89,7 +102,7 @@ def test_nothing_is_sent_when_the_deadline_passes_during_retries(fake_remote):
 
 
 def test_a_request_arriving_after_complete_by_is_not_acted_on(fake_remote):
-    response = agent.run(request(seconds=-1), remote=inventory(fake_remote), now=utcnow)
+    response = run(request(seconds=-1), remote=inventory(fake_remote), now=utcnow)
     assert response is None
     assert fake_remote.effects()["calls"] == 0
 
@@ -97,27 +110,27 @@ def test_a_request_arriving_after_complete_by_is_not_acted_on(fake_remote):
 def test_calls_run_out_before_the_deadline_sends_nothing(fake_remote):
     fake_remote.set_faults(script={"o-1": ["always:transient"]})
     policy = AgentPolicy(max_calls=3, backoff_initial=0.01, backoff_max=0.02)
-    assert agent.run(request(policy=policy), remote=inventory(fake_remote), now=utcnow) is None
+    assert run(request(policy=policy), remote=inventory(fake_remote), now=utcnow) is None
     assert fake_remote.effects()["calls"] == 3
 
 
 def test_the_idempotency_key_is_stable_across_supervisor_reruns(fake_remote):
     """A response lost after the effect: the re-run (new attempt) gets the first result."""
     fake_remote.set_faults(script={"o-1": ["slow"]}, slow_seconds=5)
-    first = agent.run(request(seconds=1.0, attempt=1), remote=inventory(fake_remote), now=utcnow)
+    first = run(request(seconds=1.0, attempt=1), remote=inventory(fake_remote), now=utcnow)
     assert first is None  # the effect was applied, but the answer came too late
-    again = agent.run(request(seconds=5.0, attempt=2), remote=inventory(fake_remote), now=utcnow)
+    again = run(request(seconds=5.0, attempt=2), remote=inventory(fake_remote), now=utcnow)
     assert again.outcome is Outcome.SUCCEEDED and again.attempt == 2
     assert fake_remote.effects()["by_order"] == {"o-1": 1}
 
 
 def test_a_compensation_undoes_the_action_once_with_its_own_key(fake_remote):
-    done = agent.run(request(), remote=inventory(fake_remote), now=utcnow)
+    done = run(request(), remote=inventory(fake_remote), now=utcnow)
     undo = request(kind=Kind.COMPENSATION, result=done.result)
     assert undo.idempotency_key != request().idempotency_key
-    undone = agent.run(undo, remote=inventory(fake_remote), now=utcnow)
+    undone = run(undo, remote=inventory(fake_remote), now=utcnow)
     assert undone.outcome is Outcome.SUCCEEDED and undone.kind is Kind.COMPENSATION
-    assert agent.run(undo, remote=inventory(fake_remote), now=utcnow).outcome is Outcome.SUCCEEDED  # a retry
+    assert run(undo, remote=inventory(fake_remote), now=utcnow).outcome is Outcome.SUCCEEDED  # a retry
     effects = fake_remote.effects()
     assert effects["services"]["inventory"]["undone"] == {"o-1": ["release"]}
     assert fake_remote.net("o-1") == {"inventory": {"reserve": 0}}
@@ -126,5 +139,5 @@ def test_a_compensation_undoes_the_action_once_with_its_own_key(fake_remote):
 
 def test_the_response_echoes_the_context_for_the_scheduler(fake_remote):
     sent = request()
-    response = agent.run(sent, remote=inventory(fake_remote), now=utcnow)
+    response = run(sent, remote=inventory(fake_remote), now=utcnow)
     assert response.context == sent.context and response.step == "reserve" and response.kind is Kind.ACTION
