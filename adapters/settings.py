@@ -66,6 +66,13 @@ class Settings(BaseSettings):
     agent_max_calls: int = _setting("AGENT_MAX_CALLS", 6, ge=1, le=100)
     agent_backoff_initial_seconds: PositiveSeconds = _setting("AGENT_BACKOFF_INITIAL_SECONDS", 0.2)
     agent_backoff_max_seconds: PositiveSeconds = _setting("AGENT_BACKOFF_MAX_SECONDS", 5.0)
+    #: Transient failures in a row after which an agent stops calling a remote service
+    #: (per remote service, per host instance) and postpones its steps instead.
+    breaker_failure_threshold: int = _setting("BREAKER_FAILURE_THRESHOLD", 5, ge=1, le=1000)
+    #: How long the breaker stays open before one trial call.
+    breaker_open_seconds: PositiveSeconds = _setting("BREAKER_OPEN_SECONDS", 30.0)
+    #: The bulkhead: calls to one remote service in flight from one host instance at most.
+    remote_max_concurrent_calls: int = _setting("REMOTE_MAX_CONCURRENT_CALLS", 16, ge=1, le=1000)
 
     # --- Scheduler and supervisor policy --------------------------------------
     #: How long one attempt of a step may take (claim -> response) before the

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
+from agents.breaker import BreakerOpen
 from agents.remote import DeadlineReached, PermanentRemoteError, RemoteClient, TransientRemoteError
 from core.models import AgentRequest, AgentResponse, Outcome
 
@@ -25,7 +26,17 @@ async def run(request: AgentRequest, *, remote: RemoteClient, now: Callable[[], 
         )
         return None
     try:
+        if request.settle_first:
+            # The last attempt's outcome is unknown: ask before sending the action again.
+            settled = await remote.lookup(request, now=now)
+            if settled is not None:
+                log.info("order %s %s %s: already applied, settled by lookup", request.order_id, request.kind.value, request.step)
+                return _response(request, Outcome.SUCCEEDED, result=settled)
         result = await remote.call(request, now=now)
+    except BreakerOpen as error:
+        # The service is down: this line neither ran nor failed; it waits and runs again.
+        log.warning("order %s %s %s postponed: %s", request.order_id, request.kind.value, request.step, error)
+        return _response(request, Outcome.POSTPONED, error=str(error), retry_after_seconds=error.retry_after)
     except PermanentRemoteError as error:
         return _response(request, Outcome.FAILED_PERMANENT, error=str(error))
     except (DeadlineReached, TransientRemoteError) as error:

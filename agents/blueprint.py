@@ -20,6 +20,7 @@ from adapters.messaging import AsyncPublisher
 from adapters.settings import Settings, get_settings
 from adapters.wiring import parse_or_drop
 from agents import agent
+from agents.breaker import CircuitBreaker
 from agents.remote import RemoteClient
 from core import names
 from core.models import AgentRequest, utcnow
@@ -37,9 +38,16 @@ class AgentRuntime:
     clients: dict[str, RemoteClient] = field(default_factory=dict)
 
     def remote(self, remote: str) -> RemoteClient:
+        """One client per remote service per instance, with its circuit breaker and bulkhead."""
         if remote not in self.clients:
+            s = self.settings
             self.clients[remote] = RemoteClient(
-                self.settings.remote_url(remote), call_timeout=self.settings.remote_call_timeout_seconds
+                s.remote_url(remote),
+                call_timeout=s.remote_call_timeout_seconds,
+                breaker=CircuitBreaker(
+                    remote, failure_threshold=s.breaker_failure_threshold, open_seconds=s.breaker_open_seconds
+                ),
+                max_concurrent_calls=s.remote_max_concurrent_calls,
             )
         return self.clients[remote]
 

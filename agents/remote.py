@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -19,8 +20,11 @@ from typing import Any
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
+from agents.breaker import CircuitBreaker
 from core.models import AgentRequest
 from core.workflow import Kind
+
+log = logging.getLogger(__name__)
 
 #: Status codes worth another try: timeout, throttling, and server-side failures.
 TRANSIENT_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
@@ -74,12 +78,22 @@ class RemoteClient:
     retries attempts."""
 
     def __init__(
-        self, base_url: str, *, call_timeout: float = 10.0, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+        self,
+        base_url: str,
+        *,
+        call_timeout: float = 10.0,
+        breaker: CircuitBreaker | None = None,
+        max_concurrent_calls: int = 16,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.call_timeout = call_timeout
+        self.breaker = breaker
+        #: The bulkhead: calls to this service in flight from this instance at most.
+        self.max_concurrent_calls = max_concurrent_calls
         self._sleep = sleep
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        self._bulkheads: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
 
     def _session(self) -> aiohttp.ClientSession:
         # A session belongs to the loop it was made on (the worker has one loop).
@@ -88,6 +102,12 @@ class RemoteClient:
         if session is None or session.closed:
             session = self._sessions[loop] = aiohttp.ClientSession(trust_env=False)
         return session
+
+    def _bulkhead(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if loop not in self._bulkheads:
+            self._bulkheads[loop] = asyncio.Semaphore(self.max_concurrent_calls)
+        return self._bulkheads[loop]
 
     async def close(self) -> None:
         sessions, self._sessions = list(self._sessions.values()), {}
@@ -131,10 +151,65 @@ class RemoteClient:
                 left = time_left()
                 if left < MIN_CALL_SECONDS:
                     raise DeadlineReached(f"complete-by {request.complete_by.isoformat()} reached")
-                return await self._call(request, timeout=min(self.call_timeout, left))
+                return await self._post(request, timeout=min(self.call_timeout, left), time_left=time_left)
         raise AssertionError("unreachable")  # pragma: no cover - AsyncRetrying returns or raises
 
-    async def _call(self, request: AgentRequest, *, timeout: float) -> dict[str, Any]:
+    async def lookup(
+        self, request: AgentRequest, *, now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    ) -> dict[str, Any] | None:
+        """``GET {base}/{action}/{idempotency key}``: the result if that action was applied,
+        None if not (404) or if the lookup could not tell (then the caller sends the action:
+        the idempotency key keeps that safe)."""
+
+        def time_left() -> float:
+            return (request.complete_by - now()).total_seconds()
+
+        url = f"{self.base_url}/{request.action}/{request.idempotency_key}"
+        try:
+            status, text, _ = await self._request("GET", url, None, {}, min(self.call_timeout, time_left()), time_left)
+        except TransientRemoteError as error:
+            log.info("lookup %s failed (%s): sending the action", url, error)
+            return None
+        if status == 200:
+            try:
+                return json.loads(text)
+            except ValueError:
+                return None
+        if status != 404:
+            log.info("lookup %s answered HTTP %s: sending the action", url, status)
+        return None
+
+    async def _request(
+        self, method: str, url: str, body: dict | None, headers: dict[str, str], timeout: float,
+        time_left: Callable[[], float],
+    ) -> tuple[int, str, str | None]:
+        """One call through the breaker and the bulkhead: (status, text, Retry-After).
+        Transient failures are recorded by the breaker; a wait for a bulkhead slot never
+        outlasts the deadline."""
+        if self.breaker is not None:
+            self.breaker.before_call()
+        try:
+            await asyncio.wait_for(self._bulkhead().acquire(), timeout=max(0.0, time_left() - MIN_CALL_SECONDS))
+        except asyncio.TimeoutError as error:
+            raise DeadlineReached("no free call slot before complete-by") from error
+        try:
+            async with self._session().request(
+                method, url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as response:
+                status, text, retry_after = response.status, await response.text(), response.headers.get("Retry-After")
+        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            self._record(ok=False)
+            raise TransientRemoteError(f"{type(error).__name__}: {error}") from error
+        finally:
+            self._bulkhead().release()
+        self._record(ok=status not in TRANSIENT_STATUS)
+        return status, text, retry_after
+
+    def _record(self, *, ok: bool) -> None:
+        if self.breaker is not None:
+            self.breaker.succeeded() if ok else self.breaker.failed()
+
+    async def _post(self, request: AgentRequest, *, timeout: float, time_left: Callable[[], float]) -> dict[str, Any]:
         body = {
             "order_id": request.order_id,
             "step": request.step,
@@ -145,15 +220,10 @@ class RemoteClient:
         if request.kind is Kind.COMPENSATION:
             body["result"] = request.result
         headers = {"Idempotency-Key": request.idempotency_key, "Complete-By": complete_by_header(request.complete_by)}
-        try:
-            async with self._session().post(
-                f"{self.base_url}/{request.action}", json=body, headers=headers,
-                timeout=aiohttp.ClientTimeout(total=timeout),
-            ) as response:
-                status, text = response.status, await response.text()
-                retry_after = _retry_after(response.headers.get("Retry-After"))
-        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-            raise TransientRemoteError(f"{type(error).__name__}: {error}") from error
+        status, text, retry_after = await self._request(
+            "POST", f"{self.base_url}/{request.action}", body, headers, timeout, time_left
+        )
+        retry_after = _retry_after(retry_after)
         if status in TRANSIENT_STATUS:
             raise TransientRemoteError(f"HTTP {status}", retry_after=retry_after)
         if status >= 400:

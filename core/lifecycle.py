@@ -41,6 +41,8 @@ class Transition:
     state: OrderState
     #: Step rows that end with this transition.
     lines: tuple[LineRecord, ...] = ()
+    #: For a line sent back to Pending: when the scheduler should be nudged again.
+    nudge_delay: timedelta | None = None
 
     @property
     def dispatch(self) -> bool:
@@ -193,6 +195,27 @@ def complete(
     return _compensate_next(
         state.model_copy(update={"failed": (*state.failed, state.step_index)}),
         workflow, instance, now, defaults, [failed],
+    )
+
+
+def postpone(state: OrderState, response: AgentResponse, now: datetime, pending_timeout: timedelta) -> Transition | None:
+    """The remote service is down (the agent's breaker is open): the current line was
+    not run and did not fail. Back to Pending, due after the wait; no failure counted,
+    and the supervisor sees a deadline after the wait, so it counts no miss either."""
+    if not accepts_response(state, response):
+        return None
+    wait = timedelta(seconds=max(0.0, response.retry_after_seconds or 0.0))
+    return Transition(
+        state.model_copy(
+            update={
+                "process_state": ProcessState.PENDING,
+                "locked_by": None,
+                "complete_by": now + wait + pending_timeout,
+                "last_error": _error(response.error or f"{state.step}: remote service unavailable"),
+                "updated_at": now,
+            }
+        ),
+        nudge_delay=wait,
     )
 
 

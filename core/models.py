@@ -262,6 +262,9 @@ class AgentRequest(_Message):
     policy: AgentPolicy
     #: For a compensation: the forward action's result (None when its outcome is unknown).
     result: dict[str, Any] | None = None
+    #: The previous attempt's outcome is unknown (it timed out) and the remote offers a
+    #: lookup by idempotency key: ask before sending the action again.
+    settle_first: bool = False
     context: Context
 
     @property
@@ -272,6 +275,9 @@ class AgentRequest(_Message):
 class Outcome(str, Enum):
     SUCCEEDED = "succeeded"
     FAILED_PERMANENT = "failed_permanent"
+    #: The remote service is down (the agent's circuit breaker is open): the line was not
+    #: run and did not fail; it waits ``retry_after_seconds`` and runs again.
+    POSTPONED = "postponed"
 
 
 class AgentResponse(_Message):
@@ -282,6 +288,8 @@ class AgentResponse(_Message):
     outcome: Outcome
     result: dict[str, Any] | None = None
     error: str | None = None
+    #: With POSTPONED: how long until the remote service may be called again.
+    retry_after_seconds: float | None = None
     context: Context
 
 

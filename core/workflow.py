@@ -70,6 +70,10 @@ class Step:
     #: the step cannot be undone (keep such steps last: see the README).
     compensate: str | None = None
     policy: StepPolicy = field(default_factory=StepPolicy)
+    #: The remote offers ``GET {base}/{action}/{idempotency key}`` (200 with the result
+    #: if that action was applied, 404 if not): after an attempt whose outcome is
+    #: unknown, the agent asks before sending the action again.
+    lookup: bool = False
 
     def __post_init__(self) -> None:
         for what, value in (("step", self.name), ("remote", self.remote), ("action", self.action)):
@@ -109,8 +113,8 @@ ORDER_WORKFLOW = Workflow(
     "order",
     1,
     (
-        Step("reserve", remote="inventory", action="reserve", compensate="release"),
-        Step("charge", remote="payments", action="charge", compensate="refund"),
+        Step("reserve", remote="inventory", action="reserve", compensate="release", lookup=True),
+        Step("charge", remote="payments", action="charge", compensate="refund", lookup=True),
         Step("ship", remote="shipping", action="ship", compensate=None),
     ),
 )

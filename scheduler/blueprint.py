@@ -23,6 +23,8 @@ def scheduler(s: Services) -> dispatch.Scheduler:
         requests_queues=s.settings.requests_queues,
         responses_queue=s.settings.agent_responses_queue,
         alerts_queue=s.settings.alerts_queue,
+        nudger=s.nudger,
+        pending_timeout=s.settings.pending_timeout,
     )
 
 

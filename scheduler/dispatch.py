@@ -14,11 +14,11 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from adapters.closing import close_order
-from adapters.messaging import Publisher
+from adapters.messaging import Nudger, Publisher
 from adapters.store import ConcurrencyConflict, OrderNotFound, StateStore
 from core import lifecycle
 from core.lifecycle import Transition
@@ -52,6 +52,9 @@ class Scheduler:
     requests_queues: Mapping[str, str]
     responses_queue: str
     alerts_queue: str
+    #: Nudges the scheduler again later (a line postponed while its remote is down).
+    nudger: Nudger
+    pending_timeout: timedelta
 
 
 def schedule(nudge: Nudge, *, scheduler: Scheduler, now: datetime) -> AgentRequest | None:
@@ -84,14 +87,22 @@ def record(response: AgentResponse, *, scheduler: Scheduler, now: datetime) -> O
     nothing and returns None."""
     fence = response.context.fence
     snapshot = fence if fence.order_id == response.order_id and fence.attempt == response.attempt else None
-    written = _apply(
-        scheduler.store, response.order_id, snapshot, now,
-        lambda s, wf: lifecycle.complete(s, response, wf, scheduler.instance, now, scheduler.defaults),
-    )
+
+    def decide(state: OrderState, definition: Workflow) -> Transition | None:
+        if response.outcome is Outcome.POSTPONED:
+            return lifecycle.postpone(state, response, now, scheduler.pending_timeout)
+        return lifecycle.complete(state, response, definition, scheduler.instance, now, scheduler.defaults)
+
+    written = _apply(scheduler.store, response.order_id, snapshot, now, decide)
     if written is None:
         log.info("response for order %s attempt %s ignored: unknown order, or stale", response.order_id, response.attempt)
         return None
     state, transition = written
+    if transition.nudge_delay is not None:
+        log.info("order %s: %s %s postponed for %.0f s: %s", state.order_id, state.kind.value, state.step,
+                 transition.nudge_delay.total_seconds(), state.last_error)
+        scheduler.nudger.nudge(Nudge(order_id=state.order_id, state=state), delay=transition.nudge_delay)
+        return state
     results = dict(response.context.results)
     if response.kind is Kind.ACTION and response.outcome is Outcome.SUCCEEDED:
         results[response.step] = response.result or {}
@@ -169,6 +180,8 @@ def _carry_out(
             backoff_max=policy.agent_backoff_max,
         ),
         result=results.get(step.name) if state.kind is Kind.COMPENSATION else None,
+        # An earlier attempt of this line timed out: its outcome is unknown.
+        settle_first=step.lookup and state.failure_count > 0,
         context=Context(fence=state, order=order, results=results),
     )
     log.info(

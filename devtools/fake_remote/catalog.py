@@ -22,6 +22,11 @@ DEFAULT_SERVICES: dict[str, dict[str, str | None]] = {
 }
 
 #: Service and action names are URL path segments; a leading letter keeps ``/_control`` free.
+#: Services that answer ``GET {url}/{service}/{action}/{idempotency key}`` (200 with the
+#: first result if that key was applied for that action, 404 if not), as
+#: core.workflow declares with ``lookup=True``; shipping offers none.
+DEFAULT_LOOKUPS: frozenset[str] = frozenset({"inventory", "payments"})
+
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 
 ACTION = "action"

@@ -123,6 +123,7 @@ class _ServiceState:
         self.key_calls: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
         self.calls = self.replays = self.invalid = self.late = self.noop_compensations = self.twice = 0
+        self.lookups = 0
         self.applied: dict[str, list[str]] = {}  # order id -> forward actions applied, in order
         self.undone: dict[str, list[str]] = {}  # order id -> compensations that undid something
         self.undid: dict[str, list[str]] = {}  # order id -> the forward actions they undid
@@ -137,6 +138,7 @@ class _ServiceState:
             "twice": self.twice,
             "late": self.late,
             "calls": self.calls,
+            "lookups": self.lookups,
             "replays": self.replays,
             "invalid": self.invalid,
             "in_flight": self.in_flight,
@@ -238,6 +240,14 @@ class Ledger:
     def services(self) -> Mapping[str, Service]:
         """The services served, read-only."""
         return self._services
+
+    def lookup(self, service: str, action: str, key: str) -> bytes | None:
+        """The first result of ``key`` if it was applied for ``action`` of ``service``, else None."""
+        with self._lock:
+            state = self._states[service]
+            state.lookups += 1
+            result = state.results.get(key)
+            return result.body if result is not None and result.identity[2] == action else None
 
     # --- control -------------------------------------------------------------
     def set_faults(

@@ -31,7 +31,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from devtools.fake_remote.catalog import COMPENSATION, validate_services
+from devtools.fake_remote.catalog import COMPENSATION, DEFAULT_LOOKUPS, validate_services
 from devtools.fake_remote.faults import FaultConfigError
 from devtools.fake_remote.ledger import (
     LATE_TOLERANCE_SECONDS,
@@ -76,9 +76,12 @@ class _Server(ThreadingHTTPServer):
     # socketserver's default backlog is 5: a burst of concurrent clients gets resets.
     request_queue_size = 512
 
-    def __init__(self, address: tuple[str, int], ledger: Ledger, stopping: threading.Event) -> None:
+    def __init__(
+        self, address: tuple[str, int], ledger: Ledger, stopping: threading.Event, lookups: frozenset[str] = DEFAULT_LOOKUPS
+    ) -> None:
         self.ledger = ledger
         self.stopping = stopping
+        self.lookups = lookups
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
         super().__init__(address, _Handler)
@@ -130,7 +133,25 @@ class _Handler(BaseHTTPRequestHandler):
         self._route({"/_control/faults": self._set_faults, "/_control/reset": self._reset}, calls=True)
 
     def do_GET(self) -> None:
+        parts = urlsplit(self.path).path.split("/")
+        if len(parts) == 4 and not parts[0] and parts[1] in self.server.ledger.services:
+            self._lookup(*parts[1:])
+            return
         self._route({"/_control/effects": self._effects, "/_control/health": self._health, "/_control/faults": self._faults})
+
+    def _lookup(self, service: str, action: str, key: str) -> None:
+        """``GET /{service}/{action}/{key}``: settle an unknown outcome by idempotency key."""
+        if service not in self.server.lookups:
+            self._send_json(
+                HTTPStatus.METHOD_NOT_ALLOWED,
+                {"error": "no_lookup", "message": f"service {service!r} offers no lookup by idempotency key"},
+            )
+            return
+        body = self.server.ledger.lookup(service, action, key)
+        if body is None:
+            self._send_json(HTTPStatus.NOT_FOUND, {"error": "not_applied", "message": f"{action} {key!r} was not applied"})
+        else:
+            self._send(HTTPStatus.OK, body, {"Content-Type": "application/json"})
 
     def _route(self, routes: Mapping[str, Any], calls: bool = False) -> None:
         path = urlsplit(self.path).path

@@ -239,3 +239,18 @@ def test_keep_alive_session_serves_many_calls_on_one_connection(fake_remote):
         statuses = [reserve(fake_remote.url, f"o-{i}", f"k-{i}", session=session).status_code for i in range(50)]
     assert statuses == [200] * 50
     assert fake_remote.effects()["total"] == 50
+
+
+def test_a_lookup_by_idempotency_key_answers_the_first_result_or_404(fake_remote):
+    import requests as http
+
+    from tests.fake_remote.client import reserve
+
+    first = reserve(fake_remote.url, "o-1", "k-1")
+    assert first.status_code == 200
+    found = http.get(f"{fake_remote.url}/inventory/reserve/k-1", timeout=5)
+    assert found.status_code == 200 and found.json() == first.json()
+    assert http.get(f"{fake_remote.url}/inventory/reserve/k-2", timeout=5).status_code == 404
+    assert http.get(f"{fake_remote.url}/inventory/release/k-1", timeout=5).status_code == 404  # another action
+    assert http.get(f"{fake_remote.url}/shipping/ship/k-1", timeout=5).status_code == 405  # shipping offers none
+    assert fake_remote.effects()["services"]["inventory"]["lookups"] == 3

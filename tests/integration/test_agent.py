@@ -141,3 +141,66 @@ def test_the_response_echoes_the_context_for_the_scheduler(fake_remote):
     sent = request()
     response = run(sent, remote=inventory(fake_remote), now=utcnow)
     assert response.context == sent.context and response.step == "reserve" and response.kind is Kind.ACTION
+
+
+def test_an_open_breaker_postpones_the_step_without_calling_the_service(fake_remote):
+    from agents.breaker import CircuitBreaker
+
+    fake_remote.set_faults(script={"o-1": ["always:transient"]})
+    remote = RemoteClient(
+        fake_remote.base_url("inventory"), call_timeout=5.0,
+        breaker=CircuitBreaker("inventory", failure_threshold=3, open_seconds=30),
+    )
+
+    async def two_requests():
+        first = await agent.run(request(policy=AgentPolicy(max_calls=6, backoff_initial=0.01, backoff_max=0.02)),
+                                remote=remote, now=utcnow)
+        calls = fake_remote.effects()["calls"]
+        second = await agent.run(request("o-2"), remote=remote, now=utcnow)
+        await remote.close()
+        return first, calls, second
+
+    first, calls, second = asyncio.run(two_requests())
+    # The breaker opened on the third failure: the first step stopped there and was postponed...
+    assert first.outcome is Outcome.POSTPONED and calls == 3
+    assert 29 <= first.retry_after_seconds <= 30
+    # ...and the next step for that service was not sent at all.
+    assert second.outcome is Outcome.POSTPONED
+    assert fake_remote.effects()["calls"] == 3
+
+
+def test_an_unknown_outcome_is_settled_by_lookup_without_a_second_post(fake_remote):
+    done = run(request(), remote=inventory(fake_remote))
+    calls = fake_remote.effects()["calls"]
+    settled = run(request(attempt=2).model_copy(update={"settle_first": True}), remote=inventory(fake_remote))
+    assert settled.outcome is Outcome.SUCCEEDED and settled.result == done.result
+    effects = fake_remote.effects()
+    assert effects["calls"] == calls and effects["services"]["inventory"]["lookups"] == 1
+    # Not applied yet: the lookup answers 404 and the agent sends the action.
+    fresh = run(request("o-2").model_copy(update={"settle_first": True}), remote=inventory(fake_remote))
+    assert fresh.outcome is Outcome.SUCCEEDED and fake_remote.effects()["by_order"]["o-2"] == 1
+
+
+def test_the_bulkhead_keeps_calls_to_one_service_within_its_limit(fake_remote):
+    fake_remote.set_faults(script={f"o-{i}": ["slow"] for i in range(4)}, slow_seconds=0.3)
+    remote = RemoteClient(fake_remote.base_url("inventory"), call_timeout=5.0, max_concurrent_calls=2)
+    peak = 0
+
+    async def watch(done: asyncio.Event):
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, fake_remote.effects()["in_flight"])
+            await asyncio.sleep(0.01)
+
+    async def four_at_once():
+        done = asyncio.Event()
+        watcher = asyncio.create_task(watch(done))
+        results = await asyncio.gather(*(agent.run(request(f"o-{i}"), remote=remote, now=utcnow) for i in range(4)))
+        done.set()
+        await watcher
+        await remote.close()
+        return results
+
+    results = asyncio.run(four_at_once())
+    assert all(r.outcome is Outcome.SUCCEEDED for r in results)
+    assert peak == 2

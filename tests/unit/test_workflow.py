@@ -90,6 +90,8 @@ class World:
             requests_queues={remote: f"{remote}-requests" for remote in workflows.remotes()},
             responses_queue="agent-responses",
             alerts_queue="alerts",
+            nudger=self.nudger,
+            pending_timeout=timedelta(seconds=30),
         )
 
     def submit(self, order_id: str = "o-1") -> str:
@@ -115,6 +117,7 @@ class World:
             result=fields.get("result", {"confirmation": f"{request.action}-{request.attempt}"})
             if outcome is Outcome.SUCCEEDED else None,
             error=fields.get("error", "HTTP 422: no") if outcome is not Outcome.SUCCEEDED else None,
+            retry_after_seconds=7.0 if outcome is Outcome.POSTPONED else None,
         )
         self.now += timedelta(seconds=1)
         return dispatch.record(response, scheduler=self.scheduler, now=self.now)
@@ -446,3 +449,37 @@ def test_progress_shows_every_step_and_every_compensation_as_the_order_goes():
     record = w.store.read("o-1")
     charge = progress(record.state, w.definition, record.lines)[1]
     assert charge.result == {"confirmation": "charge-2"} and charge.attempt == 2
+
+
+def test_a_postponed_line_waits_without_a_failure_and_the_supervisor_counts_no_miss():
+    w = World()
+    w.submit()
+    w.answer()  # reserve done
+    charge = w.last
+    w.answer(Outcome.POSTPONED, request=charge)
+    state = w.state()
+    assert (state.process_state, state.step, state.failure_count) == (ProcessState.PENDING, "charge", 0)
+    nudge, delay = w.nudger.nudges[-1]
+    assert delay == timedelta(seconds=7)
+    # Before the wait is over the supervisor has nothing to do...
+    w.now += timedelta(seconds=6)
+    assert not supervision.sweep(
+        store=w.store, publisher=w.publisher, nudger=w.nudger, policy=POLICY, now=w.now, alerts_queue="alerts"
+    )
+    # ...and after it the scheduler runs the same line again, same key, no failure counted.
+    w.now += delay
+    dispatch.schedule(nudge, scheduler=w.scheduler, now=w.now)
+    assert (w.last.step, w.last.idempotency_key, w.last.settle_first) == ("charge", charge.idempotency_key, False)
+    assert w.state().failure_count == 0
+
+
+def test_after_an_attempt_timed_out_the_agent_is_asked_to_settle_first_where_the_remote_offers_a_lookup():
+    w = World()
+    w.submit()
+    assert w.last.settle_first is False
+    w.expire()
+    assert (w.last.step, w.last.settle_first) == ("reserve", True)  # inventory offers the lookup
+    w.answer()
+    w.answer()
+    w.expire()
+    assert (w.last.step, w.last.settle_first) == ("ship", False)  # shipping does not

@@ -1,0 +1,65 @@
+"""The circuit breaker's states, on a clock the test moves."""
+
+import pytest
+
+from agents.breaker import BreakerOpen, BreakerState, CircuitBreaker
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def breaker(clock) -> CircuitBreaker:
+    return CircuitBreaker("payments", failure_threshold=3, open_seconds=30, clock=clock)
+
+
+def test_it_opens_after_the_threshold_of_failures_in_a_row_and_refuses_calls():
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(2):
+        b.before_call()
+        b.failed()
+    b.succeeded()  # a success in between starts the count again
+    for _ in range(3):
+        b.before_call()
+        b.failed()
+    assert b.state is BreakerState.OPEN
+    clock.now += 10
+    with pytest.raises(BreakerOpen) as refused:
+        b.before_call()
+    assert refused.value.retry_after == pytest.approx(20)
+    assert b.changes == {"open": 1}
+
+
+def test_after_the_open_time_one_trial_goes_and_its_success_closes_it():
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.failed()
+    clock.now += 30
+    assert b.state is BreakerState.HALF_OPEN
+    b.before_call()  # the trial
+    with pytest.raises(BreakerOpen):
+        b.before_call()  # only one at a time
+    b.succeeded()
+    assert b.state is BreakerState.CLOSED
+    b.before_call()
+    assert b.changes == {"open": 1, "half_open": 1, "closed": 1}
+
+
+def test_a_failed_trial_opens_it_again_for_a_full_period():
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.failed()
+    clock.now += 31
+    b.before_call()
+    b.failed()
+    assert b.state is BreakerState.OPEN
+    clock.now += 29
+    with pytest.raises(BreakerOpen):
+        b.before_call()
