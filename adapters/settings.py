@@ -117,6 +117,12 @@ class Settings(BaseSettings):
             )
         return url
 
+    def own_queues(self) -> frozenset[str]:
+        """The app's own Service Bus queues (a submitter's ReplyTo may not name one)."""
+        return frozenset(
+            {self.orders_queue, self.agent_responses_queue, self.alerts_queue, *self.requests_queues.values()}
+        )
+
     def step_defaults(self) -> StepPolicy:
         """The app settings' step policy: what a step's own policy does not set."""
         return StepPolicy(

@@ -399,9 +399,11 @@ class StateStore:
             parameters = {**parameters, "lo": id_prefix, "hi": id_prefix + _AFTER_PREFIX}
         return [state_from_entity(row) for row in self.table.query_entities(query, parameters=parameters)]
 
-    def import_order(self, order: OrderRequest, state: OrderState) -> None:
-        """Write an order with a state of its own choosing (one transaction; indexed only
-        when in flight): for migrations, and for seeding a benchmark's finished history."""
+    def import_order(self, order: OrderRequest, state: OrderState, lines: Sequence[LineRecord] = ()) -> None:
+        """Write an order with a state of its own choosing and the rows of the lines it has
+        ended (one transaction; indexed only when in flight): for migrations, and for
+        seeding a benchmark's history with orders as the app leaves them (a finished order:
+        its order, state and step rows). The lines are written under ``order``'s id."""
         if not state.process_state.terminal:
             self._index(order.order_id, state.updated_at)
         self.ops["transaction"] += 1
@@ -409,6 +411,7 @@ class StateStore:
             [
                 ("create", {"PartitionKey": order.order_id, "RowKey": ORDER_ROW, "Document": order.document()}),
                 ("create", state_to_entity(state.model_copy(update={"order_id": order.order_id}))),
+                *(("create", line_to_entity(line.model_copy(update={"order_id": order.order_id}))) for line in lines),
             ]
         )
 
@@ -488,7 +491,13 @@ def _is_conflict(error: Exception) -> bool:
 
 #: Binary properties hold at most 64 KiB; bodies are kept in chunks of this size.
 _CHUNK = 60 * 1024
-_MAX_CHUNKS = 15  # 900 KiB, under the 1 MiB entity limit; Service Bus Premium allows more
+#: 720 KiB of body: under the 1 MiB entity limit with room for the other properties (and
+#: under what Azurite accepts). A Standard namespace's messages are at most 256 KiB, so
+#: a body is kept whole; only Premium's larger messages can be cut (``Truncated``).
+_MAX_CHUNKS = 12
+#: Message id and content type come from any client and may be long: a Table string
+#: property holds 32K characters; keep these far below it.
+_MAX_HEADER_CHARS = 1_024
 
 
 class RejectionStore:
@@ -518,8 +527,8 @@ class RejectionStore:
             "PartitionKey": now.strftime("%Y-%m-%d"),
             "RowKey": _safe_key(row_key),
             "Reason": reason[:30_000],
-            "MessageId": message_id or "",
-            "ContentType": content_type or "",
+            "MessageId": _clip(message_id or ""),
+            "ContentType": _clip(content_type or ""),
             "OrderId": order_id or "",
             "Source": source,
             "RejectedAt": now,
@@ -543,6 +552,10 @@ class RejectionStore:
             out.append({**{k: v for k, v in row.items() if not k.startswith("Body")}, "Body": body})
         out.sort(key=lambda r: r["RejectedAt"], reverse=True)
         return out[:limit]
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_HEADER_CHARS else f"{text[:_MAX_HEADER_CHARS]}… ({len(text)} characters)"
 
 
 def _safe_key(key: str) -> str:

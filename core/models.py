@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from datetime import UTC, datetime
@@ -59,13 +60,14 @@ def _money(value: Any) -> Any:
     if isinstance(value, (float, int)) and not isinstance(value, bool):
         raise ValueError('money must be a decimal string such as "12.50", not a JSON number')
     if isinstance(value, str):
-        if not re.fullmatch(r"\d{1,10}(\.\d{1,2})?", value):
+        # [0-9], not \d: in Python \d also matches other scripts' digits ("٢٥").
+        if not re.fullmatch(r"[0-9]{1,10}(\.[0-9]{1,2})?", value):
             raise ValueError('money must look like "12.50": digits, at most two decimals, not negative')
         return Decimal(value)
     return value
 
 
-MONEY_JSON_SCHEMA = {"type": "string", "pattern": r"^\d{1,10}(\.\d{1,2})?$", "examples": ["12.50"]}
+MONEY_JSON_SCHEMA = {"type": "string", "pattern": r"^[0-9]{1,10}(\.[0-9]{1,2})?$", "examples": ["12.50"]}
 Money = Annotated[Decimal, BeforeValidator(_money), WithJsonSchema(MONEY_JSON_SCHEMA)]
 OrderId = Annotated[str, StringConstraints(pattern=ORDER_ID_PATTERN)]
 Code = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}$")]
@@ -115,6 +117,12 @@ class OrderRequest(_Message):
     def document(self) -> str:
         """The canonical JSON of this order (what is stored and compared for duplicates)."""
         return self.model_dump_json(exclude_none=True)
+
+    def message_id(self) -> str:
+        """The MessageId to send it with: the order id and a hash of its content, so the
+        queue's duplicate detection drops an identical resend but lets a corrected order
+        through (README, "Sending orders")."""
+        return message_id_for(self.order_id, self.document().encode())
 
 
 class ProcessState(str, Enum):
@@ -331,6 +339,11 @@ def idempotency_key(order_id: str, step: str, action: str) -> str:
     same for every retry of it (the agent's own retries, the supervisor's re-runs and
     operator resubmits), and different between a step's action and its compensation."""
     return str(uuid.uuid5(_KEY_NAMESPACE, f"{order_id}/{step}/{action}"))
+
+
+def message_id_for(order_id: str, body: bytes) -> str:
+    """``{order id}:{first 16 hex digits of the body's SHA-256}``."""
+    return f"{order_id}:{hashlib.sha256(body).hexdigest()[:16]}"
 
 
 def utcnow() -> datetime:

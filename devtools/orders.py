@@ -25,6 +25,8 @@ from pathlib import Path
 
 from azure.servicebus import ServiceBusMessage
 
+from core.models import message_id_for
+
 BAD_ORDERS = Path(__file__).resolve().parent / "corpus" / "bad_orders.json"
 
 # --- valid orders --------------------------------------------------------------------
@@ -62,9 +64,10 @@ def order_body(order_id: str, i: int) -> bytes:
 
 
 def order_message(order_id: str, i: int) -> ServiceBusMessage:
-    """An order as a client sends it: the JSON body, with the order id as MessageId (the
-    orders queue's duplicate-detection key)."""
-    return ServiceBusMessage(order_body(order_id, i), message_id=order_id, content_type="application/json")
+    """An order as a client sends it: the JSON body, with the order id and a hash of the
+    body as MessageId (the orders queue's duplicate-detection key; README, "Sending orders")."""
+    body = order_body(order_id, i)
+    return ServiceBusMessage(body, message_id=message_id_for(order_id, body), content_type="application/json")
 
 
 # --- the bad-input corpus ------------------------------------------------------------

@@ -124,7 +124,7 @@ def send_order(
     from azure.servicebus import ServiceBusMessage
 
     message = ServiceBusMessage(
-        order.document(), content_type="application/json", message_id=order.order_id, reply_to=reply_to
+        order.document(), content_type="application/json", message_id=order.message_id(), reply_to=reply_to
     )
     with ctx.servicebus() as client, client.get_queue_sender(ctx.settings.orders_queue) as sender:
         sender.send_messages(message)

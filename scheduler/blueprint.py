@@ -40,6 +40,7 @@ def submit_order(msg: func.ServiceBusMessage, nudge: func.Out[str]) -> None:
         message_id=msg.message_id,
         reply_to=msg.reply_to,
         content_type=msg.content_type,
+        own_queues=s.settings.own_queues(),
         store=s.store,
         rejections=s.rejections,
         publisher=s.publisher,

@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 #: Service Bus queue names: letters, digits, periods, hyphens, underscores, slashes; up to 260.
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,259}$")
-_JSON_TYPES = ("application/json", "text/json")
+#: The one content type the orders queue takes (with parameters such as charset).
+JSON_CONTENT_TYPE = "application/json"
 #: Orders up to this size ride along in the scheduler's nudge (saving a table read).
 MAX_NUDGE_DOCUMENT_BYTES = 32 * 1024
 
@@ -47,16 +48,26 @@ class Submission:
 def _content_type_ok(content_type: str | None) -> bool:
     if not content_type:
         return True  # many clients (and the portal) send none: the body must still be JSON
-    media = content_type.split(";")[0].strip().lower()
-    return media in _JSON_TYPES or media.endswith("+json")
+    return content_type.split(";")[0].strip().lower() == JSON_CONTENT_TYPE
+
+
+def _text(value: object) -> str | None:
+    """A broker property as text. Any client may set message id, content type or ReplyTo
+    to a non-string AMQP value (a UUID, a number, binary): never a reason to fail."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)
 
 
 def submit(
     body: bytes,
     *,
-    message_id: str | None,
-    reply_to: str | None,
-    content_type: str | None,
+    message_id: object,
+    reply_to: object,
+    content_type: object,
+    own_queues: frozenset[str] = frozenset(),
     store: StateStore,
     rejections: RejectionStore,
     publisher: Publisher,
@@ -64,6 +75,10 @@ def submit(
     now: datetime,
     pending_timeout: timedelta,
 ) -> Submission:
+    """``own_queues``: the app's own queues, which a ReplyTo may not name (status events
+    would land among alerts, orders or agent requests)."""
+    message_id, reply_to, content_type = _text(message_id), _text(reply_to), _text(content_type)
+
     def reject(reason: str, order_id: str | None = None) -> Submission:
         rejections.add(
             body=body, reason=reason, now=now, message_id=message_id, content_type=content_type, order_id=order_id
@@ -72,7 +87,8 @@ def submit(
         return Submission(Result.REJECTED, order_id, reason=reason)
 
     if not _content_type_ok(content_type):
-        return reject(f"unsupported content type {content_type!r}: send the order as application/json")
+        shown = content_type if len(content_type) <= 100 else f"{content_type[:100]}… ({len(content_type)} characters)"
+        return reject(f"unsupported content type {shown!r}: send the order as {JSON_CONTENT_TYPE}")
     try:
         order = OrderRequest.model_validate_json(body)
     except ValidationError as error:
@@ -81,7 +97,10 @@ def submit(
         return reject(f"malformed order: {error}")
 
     if reply_to and not _QUEUE_NAME.match(reply_to):
-        log.warning("order %s: ignoring invalid ReplyTo %r", order.order_id, reply_to)
+        log.warning("order %s: ignoring invalid ReplyTo %r", order.order_id, reply_to[:300])
+        reply_to = None
+    elif reply_to and reply_to.lower() in {queue.lower() for queue in own_queues}:
+        log.warning("order %s: ignoring ReplyTo %r: it names one of the app's own queues", order.order_id, reply_to)
         reply_to = None
 
     try:

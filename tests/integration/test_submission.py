@@ -112,3 +112,30 @@ def test_reply_queue_senders_are_bounded(app_settings, servicebus_emulator):
         assert publisher.send_status(StatusEvent(order_id="o-10", status=Status.RECEIVED, time=utcnow()), queue=queue)
     assert len(publisher._links) <= MAX_OPEN_SENDERS
     assert all(servicebus_emulator.message_counts(q)["active"] == 1 for q in queues)
+
+
+def test_any_clients_odd_properties_are_kept_as_rejections_never_retried(app_settings):
+    import uuid
+
+    cases = [
+        dict(message_id=uuid.UUID("6c1f2f55-3c1b-4f7e-9a51-4d9e3b0c2a11"), body=b"{not json"),  # a UUID id
+        dict(message_id=12345678901234, body=b"{not json"),  # a ulong id
+        dict(message_id="long-ct", body=order_json("o-11"), content_type="x" * 40_000),
+        dict(message_id="m" * 40_000, body=b"[]"),
+        dict(message_id="bin-ct", body=order_json("o-12"), content_type=b"application/xml"),
+        dict(message_id="text-json", body=order_json("o-13"), content_type="text/json"),
+    ]
+    for case in cases:
+        body = case.pop("body")
+        assert submit(body, **case).value is None  # returned normally: the message completes
+    rows = services().rejections.list()
+    assert len(rows) == len(cases)
+    assert all(len(row["MessageId"]) <= 1_100 and len(row["ContentType"]) <= 1_100 for row in rows)
+    assert {row["MessageId"] for row in rows} >= {"6c1f2f55-3c1b-4f7e-9a51-4d9e3b0c2a11", "12345678901234", "long-ct"}
+    assert services().store.active_ids() == []
+
+
+def test_a_reply_to_naming_one_of_the_apps_own_queues_is_ignored(app_settings):
+    submit(order_json("o-14"), reply_to=app_settings["ALERTS_QUEUE"], message_id="o-14")
+    state = services().store.get("o-14")
+    assert state.process_state is ProcessState.PENDING and state.reply_to is None

@@ -67,3 +67,11 @@ def test_idempotency_key_is_stable_per_order_step_and_action():
     assert idempotency_key("o-1", "reserve", "reserve") == idempotency_key("o-1", "reserve", "reserve")
     assert idempotency_key("o-1", "reserve", "reserve") != idempotency_key("o-2", "reserve", "reserve")
     assert idempotency_key("o-1", "reserve", "reserve") != idempotency_key("o-1", "reserve", "release")
+
+
+def test_money_takes_ascii_digits_only():
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="money"):
+        parse(order_dict("o-1", lines=1, items=[{"sku": "s", "quantity": 1, "unit_price": "٢٥.٠٠"}], total="٢٥.٠٠"))
