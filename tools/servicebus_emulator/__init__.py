@@ -1,6 +1,7 @@
 """A Service Bus emulator for local runs and tests: AMQP 1.0 on loopback, no Docker.
 
-The official ``azure-servicebus`` SDK talks to it over a real socket with::
+The official SDKs (``azure-servicebus`` in Python, ``@azure/service-bus`` in JavaScript)
+talk to it over a real socket with::
 
     Endpoint=sb://127.0.0.1:PORT;SharedAccessKeyName=k;SharedAccessKey=v;UseDevelopmentEmulator=true;
 

@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
-from .message import MessageContent
+from .message import MessageContent, PropertyUpdates, with_message_id, with_properties
 
 log = logging.getLogger(__name__)
 
@@ -271,21 +271,34 @@ class MessageStore:
     def complete(self, token: bytes) -> None:
         self.remove(self.locked_message(token))
 
-    def abandon(self, token: bytes) -> None:
-        self._return(self.locked_message(token), count_delivery=True)
+    def abandon(self, token: bytes, updates: PropertyUpdates | None = None) -> None:
+        """Unlock and redeliver, counting a delivery (Service Bus counts an abandon as an attempt)."""
+        message = self.locked_message(token)
+        self._modify(message, updates)
+        self._return(message, count_delivery=True)
 
     def release(self, token: bytes) -> None:
         """Hand the message back without counting a delivery (the client never looked at it)."""
         self._return(self.locked_message(token), count_delivery=False)
 
-    def defer(self, token: bytes) -> None:
+    def defer(self, token: bytes, updates: PropertyUpdates | None = None) -> None:
         message = self.locked_message(token)
+        self._modify(message, updates)
         self._unlock(message)
         message.state = MessageState.DEFERRED
 
-    def dead_letter(self, token: bytes, reason: str | None, description: str | None) -> None:
+    def dead_letter(
+        self, token: bytes, reason: str | None, description: str | None, updates: PropertyUpdates | None = None
+    ) -> None:
         message = self.locked_message(token)
+        self._modify(message, updates)
         self.queue.move_to_dead_letter(self, message, reason, description)
+
+    @staticmethod
+    def _modify(message: StoredMessage, updates: PropertyUpdates | None) -> None:
+        """Apply a settlement's properties to modify to the message's application properties."""
+        if updates:
+            message.content = with_properties(message.content, updates)
 
     def renew(self, token: bytes) -> float:
         message = self.locked_message(token)
@@ -459,6 +472,7 @@ class Queue:
         """Enqueue (or schedule, if it carries a scheduled enqueue time); None if dropped as a duplicate."""
         self.operations["enqueue " + self.settings.name] += 1
         now = time.time()
+        content = with_message_id(content)
         if self._is_duplicate(content, now):
             log.debug("dropped duplicate message id %r on %s", content.message_id, self.settings.name)
             return None
@@ -472,6 +486,7 @@ class Queue:
 
     def schedule(self, content: MessageContent, at: float) -> int:
         """Schedule a message (``schedule_messages``); duplicates still get a sequence number."""
+        content = with_message_id(content)
         if self._is_duplicate(content, time.time()):
             return next(self._sequence)
         return self._schedule(content, at)

@@ -239,6 +239,90 @@ def map_pairs(encoded_map: bytes | memoryview) -> tuple[bytes, int]:
     raise CodecError("expected an AMQP map")
 
 
+def list_items(buf: bytes | memoryview, pos: int = 0) -> list[bytes]:
+    """The items of the encoded list (or null) at ``pos``, each as its encoded bytes (types kept)."""
+    try:
+        constructor = buf[pos]
+        if constructor in (0x40, 0x45):  # null, list0
+            return []
+        if constructor == 0xC0:
+            count, start = buf[pos + 2], pos + 3
+        elif constructor == 0xD0:
+            count, start = _U32.unpack_from(buf, pos + 5)[0], pos + 9
+        else:
+            raise CodecError(f"expected an AMQP list, found constructor 0x{constructor:02x}")
+    except (IndexError, struct.error) as error:
+        raise CodecError("truncated AMQP list") from error
+    items = []
+    for _ in range(count):
+        end = skip_value(buf, start)
+        items.append(bytes(buf[start:end]))
+        start = end
+    return items
+
+
+def map_entries(buf: bytes | memoryview, pos: int = 0) -> list[tuple[bytes, bytes]]:
+    """The entries of the encoded map (or null) at ``pos``: (key, value), each as its encoded bytes."""
+    try:
+        constructor = buf[pos]
+        if constructor == 0x40:
+            return []
+        if constructor == 0xC1:
+            count, start = buf[pos + 2], pos + 3
+        elif constructor == 0xD1:
+            count, start = _U32.unpack_from(buf, pos + 5)[0], pos + 9
+        else:
+            raise CodecError(f"expected an AMQP map, found constructor 0x{constructor:02x}")
+    except (IndexError, struct.error) as error:
+        raise CodecError("truncated AMQP map") from error
+    if count % 2:
+        raise CodecError("AMQP map with an odd number of elements")
+    return pairs_entries(buf[start : skip_value(buf, pos)], count // 2)
+
+
+def pairs_entries(pairs: bytes | memoryview, count: int) -> list[tuple[bytes, bytes]]:
+    """Split ``count`` encoded key/value pairs (a map's body, as :func:`map_pairs` gives it)."""
+    entries = []
+    pos = 0
+    for _ in range(count):
+        middle = skip_value(pairs, pos)
+        end = skip_value(pairs, middle)
+        entries.append((bytes(pairs[pos:middle]), bytes(pairs[middle:end])))
+        pos = end
+    return entries
+
+
+def described(buf: bytes | memoryview, pos: int = 0) -> tuple[Any, int]:
+    """The descriptor of the described value at ``pos`` (a number or symbol) and where its value starts."""
+    if pos >= len(buf) or buf[pos] != 0x00:
+        raise CodecError("expected a described AMQP value")
+    value_start = skip_value(buf, pos + 1)
+    return decode_value(buf[pos + 1 : value_start]), value_start
+
+
+def text_key(encoded: bytes) -> str | None:
+    """The text of an encoded string or symbol (a map key); None for any other type."""
+    if not encoded or encoded[0] not in (0xA1, 0xB1, 0xA3, 0xB3):
+        return None
+    value = decode_value(encoded)
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def message_id(payload: bytes | memoryview) -> bytes | None:
+    """A message's ``message-id`` exactly as encoded (ulong, uuid, binary or string), or None.
+
+    A reply's ``correlation-id`` must be the request's ``message-id`` with the same AMQP
+    type: clients match replies on it (the JavaScript SDK sends strings, Python UUIDs).
+    """
+    for section in split_sections(payload):
+        if section.code == PROPERTIES:
+            items = list_items(payload, section.value_start)
+            if items and items[0] != NULL:
+                return items[0]
+            return None
+    return None
+
+
 def decode_value(buf: bytes | memoryview) -> Any:
     """Decode one AMQP value with the SDK's decoder (strings and symbols come back as bytes)."""
     view = memoryview(buf)

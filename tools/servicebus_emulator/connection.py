@@ -261,7 +261,7 @@ class Connection(asyncio.Protocol):
             if channel in self._ended and channel not in self.sessions:
                 log.debug("ignored a frame on channel %d after its session ended", channel)
                 return
-            self._session(channel).on_frame(code, fields)
+            self._session(channel).on_frame(code, fields, body)
         else:
             raise ProtocolError(NOT_ALLOWED, f"unexpected frame 0x{code:x}")
 

@@ -11,6 +11,8 @@ into the application properties.
 
 from __future__ import annotations
 
+import dataclasses
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +97,57 @@ def parse(payload: bytes | memoryview) -> MessageContent:
         body=b"".join(body),
         size=len(payload),
     )
+
+
+#: Application properties to set on a message: (name, encoded value), in order.
+PropertyUpdates = list[tuple[str, bytes]]
+
+
+def property_updates(encoded_map: bytes | memoryview, *, skip: frozenset[str] = frozenset()) -> PropertyUpdates:
+    """The entries of an encoded map as application properties to set (a settlement's
+    "properties to modify"): keys are strings or symbols (others are ignored), values keep
+    their AMQP type. Raise ``CodecError`` if it is not a map."""
+    updates = []
+    for raw_key, raw_value in codec.map_entries(encoded_map):
+        key = codec.text_key(raw_key)
+        if key is not None and key not in skip:
+            updates.append((key, raw_value))
+    return updates
+
+
+def with_properties(content: MessageContent, updates: PropertyUpdates) -> MessageContent:
+    """The message with these application properties set (replaced or added), as Service Bus
+    applies the properties to modify of an abandon, defer or dead-letter. The rest of the
+    message is unchanged."""
+    if not updates:
+        return content
+    entries = codec.pairs_entries(content.application_pairs, content.application_count)
+    names = [codec.text_key(raw_key) for raw_key, _ in entries]
+    for key, raw_value in updates:
+        if key in names:
+            index = names.index(key)
+            entries[index] = (entries[index][0], raw_value)
+        else:
+            entries.append((codec.enc_string(key), raw_value))
+            names.append(key)
+    pairs = b"".join(raw_key + raw_value for raw_key, raw_value in entries)
+    return dataclasses.replace(content, application_pairs=pairs, application_count=len(entries))
+
+
+def with_message_id(content: MessageContent) -> MessageContent:
+    """The message, given a message id if it has none, as Service Bus does on enqueue (a GUID
+    in 32 hex digits, as a string): clients rely on it (the JavaScript SDK's settlement looks
+    up its lock renewal by message id)."""
+    if content.message_id is not None:
+        return content
+    text = uuid.uuid4().hex
+    items = []
+    if content.properties:
+        _, start = codec.described(content.properties)
+        items = codec.list_items(content.properties, start)
+    items = [codec.enc_string(text), *items[1:]]
+    properties = codec.enc_described(codec.PROPERTIES, codec.enc_list(items))
+    return dataclasses.replace(content, properties=properties, message_id=text.encode())
 
 
 def split_batch(payload: bytes | memoryview) -> list[bytes]:

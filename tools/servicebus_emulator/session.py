@@ -33,7 +33,7 @@ from . import codec
 from . import message as messages
 from .broker import Broker, LockLost, MessageStore, Queue, StoredMessage
 from .errors import ProtocolError
-from .management import ManagementNode, handle_cbs
+from .management import ManagementNode, Request, handle_cbs
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +105,12 @@ class Session:
 
     # --- frames from the client --------------------------------------------------------------
 
-    def on_frame(self, code: int, fields: list[Any]) -> None:
+    def on_frame(self, code: int, fields: list[Any], body: bytes = b"") -> None:
+        """A frame for this session: its decoded fields, and the frame body as received."""
         if code == codec.TRANSFER:
             self._on_transfer(fields)
         elif code == codec.DISPOSITION:
-            self._on_disposition(fields)
+            self._on_disposition(fields, body)
         elif code == codec.FLOW:
             self._on_flow(fields)
         elif code == codec.ATTACH:
@@ -148,7 +149,7 @@ class Session:
                 if isinstance(link, OutgoingLink):
                     link.wake()
 
-    def _on_disposition(self, fields: list[Any]) -> None:
+    def _on_disposition(self, fields: list[Any], body: bytes) -> None:
         role, first, last, settled, state = fields[0], fields[1], fields[2], fields[3], fields[4]
         if role is not codec.ROLE_RECEIVER:
             return  # the client settling its own sends: we settle those on arrival
@@ -160,9 +161,10 @@ class Session:
         if not ids and first == last and not settled:
             # Not one of ours (any more): say so now rather than let the client wait for an echo.
             self._echo(first, rejected(LOCK_LOST, "Unknown delivery, or its lock was lost."))
+        updates = _property_updates(state, body) if ids else []
         for delivery_id in ids:
             link, token = self.unsettled.pop(delivery_id)
-            echo = link.settle(token, state)
+            echo = link.settle(token, state, updates)
             if not settled and echo is not None:
                 self._echo(delivery_id, echo)
 
@@ -284,6 +286,36 @@ class Session:
         self.unsettled.clear()  # messages stay locked until their lock expires, as in Service Bus
 
 
+def _property_updates(state: Any, body: bytes) -> messages.PropertyUpdates:
+    """The properties to modify that a settlement carries, with their AMQP types (read from the
+    frame as received, since decoding loses the difference between a string and binary):
+    the ``message-annotations`` of ``modified`` (abandon, defer) or the ``info`` of a
+    ``rejected`` outcome's error (dead-letter: other than the reason and description)."""
+    kind = next(iter(state)) if isinstance(state, dict) and state else None
+    if kind not in ("modified", "rejected") or not body:
+        return []
+    try:
+        _, start = codec.described(body)
+        fields = codec.list_items(body, start)
+        if len(fields) < 5 or fields[4] == codec.NULL:
+            return []
+        _, outcome_start = codec.described(fields[4])
+        outcome = codec.list_items(fields[4], outcome_start)
+        if kind == "modified":
+            return messages.property_updates(outcome[2]) if len(outcome) > 2 else []
+        if not outcome or outcome[0] == codec.NULL:
+            return []
+        _, error_start = codec.described(outcome[0])
+        error = codec.list_items(outcome[0], error_start)
+        return messages.property_updates(error[2], skip=_DEAD_LETTER_KEYS) if len(error) > 2 else []
+    except codec.CodecError as error:
+        log.info("ignored the properties to modify of a %s outcome: %s", kind, error)
+        return []
+
+
+_DEAD_LETTER_KEYS = frozenset({"DeadLetterReason", "DeadLetterErrorDescription"})
+
+
 def _refusal(
     where: addresses.Address | None, queue: Queue | None, client_receives: bool, source: list[Any] | None
 ) -> tuple[str, str] | None:
@@ -382,14 +414,14 @@ class QueueTarget:
 class NodeTarget:
     """Requests to ``$cbs`` or ``$management``: the reply goes to the matching receiver link."""
 
-    def __init__(self, session: Session, key: tuple[str, str, bool], handler: Callable[[codec.Message], bytes]) -> None:
+    def __init__(self, session: Session, key: tuple[str, str, bool], handler: Callable[[Request], bytes]) -> None:
         self.session = session
         self.key = key
         self.handler = handler
 
     def __call__(self, payload: bytes, message_format: int) -> bytes:
         try:
-            request = codec.decode_payload(payload)
+            request = Request.parse(payload)
         except codec.CodecError as error:
             return rejected(DECODE_ERROR, f"Malformed request: {error}")
         self.session.reply(self.key, self.handler(request))
@@ -562,8 +594,15 @@ class OutgoingLink(Link):
             handle=self.handle, delivery_count=self.delivery_count, link_credit=self.credit, available=0, drain=drain
         )
 
-    def settle(self, token: bytes, state: Any) -> bytes | None:
-        """Apply the client's outcome for a delivery; return the outcome to echo (None: nothing to echo)."""
+    def settle(self, token: bytes, state: Any, updates: messages.PropertyUpdates | None = None) -> bytes | None:
+        """Apply the client's outcome for a delivery; return the outcome to echo (None: nothing to echo).
+
+        As Service Bus does: ``accepted`` completes; ``modified`` with ``undeliverable-here``
+        defers; any other ``modified`` abandons, counting a delivery whether ``delivery-failed``
+        is set or not (the Python SDK sets it, the .NET and JavaScript SDKs leave it unset);
+        ``rejected`` dead-letters; ``released`` hands the message back without counting a
+        delivery. ``updates`` are the outcome's properties to modify (abandon, defer, dead-letter).
+        """
         assert self.store is not None
         kind, value = next(iter(state.items())) if isinstance(state, dict) and state else (None, None)
         self.operations[f"settle.{kind or 'none'} {self._path}"] += 1
@@ -574,11 +613,9 @@ class OutgoingLink(Link):
             if kind == "modified":
                 delivery_failed, undeliverable_here = (list(value or []) + [None, None])[:2]
                 if undeliverable_here:
-                    self.store.defer(token)
-                elif delivery_failed:
-                    self.store.abandon(token)
+                    self.store.defer(token, updates)
                 else:
-                    self.store.release(token)
+                    self.store.abandon(token, updates)
                 return codec.outcome(
                     codec.MODIFIED, [codec.enc_bool(bool(delivery_failed)), codec.enc_bool(bool(undeliverable_here))]
                 )
@@ -586,7 +623,10 @@ class OutgoingLink(Link):
                 error = value[0] if value else None
                 info = error[2] if error and len(error) > 2 and isinstance(error[2], dict) else {}
                 self.store.dead_letter(
-                    token, _text(info.get(b"DeadLetterReason")), _text(info.get(b"DeadLetterErrorDescription"))
+                    token,
+                    _text(info.get(b"DeadLetterReason")),
+                    _text(info.get(b"DeadLetterErrorDescription")),
+                    updates,
                 )
                 return REJECTED
             if kind == "received":
