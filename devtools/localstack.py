@@ -69,6 +69,8 @@ class LocalStack:
     storage_ports: dict[str, int] | None = None
     #: Remote services served elsewhere: remote name -> base URL (the fake one serves the rest).
     remote_urls: dict[str, str] = field(default_factory=dict)
+    #: Queues for clients beside the app's (a submitter's ReplyTo queue, e.g. ``my-status``).
+    client_queues: tuple[str, ...] = ()
     log_dir: Path = ROOT / "demo-output" / "logs"
 
     def __post_init__(self) -> None:
@@ -130,7 +132,7 @@ class LocalStack:
     emulator_stdin = subprocess.DEVNULL
 
     def _emulator_queues(self) -> list[QueueSettings]:
-        return app_queues()
+        return [*app_queues(), *(QueueSettings(name) for name in self.client_queues)]
 
     def _emulator_command(self) -> list[str]:
         queues = [arg for queue in self._emulator_queues() for arg in ("--queue", queue.to_arg())]

@@ -42,6 +42,11 @@ def main(
     setting: Annotated[
         list[str] | None, typer.Option(help="NAME=VALUE: an app setting for every host. Repeatable.")
     ] = None,
+    queue: Annotated[
+        list[str] | None,
+        typer.Option(help="A queue for clients (e.g. a ReplyTo queue for status events). Repeatable. "
+                          "Default: my-status."),
+    ] = None,
     hosts: Annotated[int, typer.Option(min=1, max=4, help="Local Functions host processes.")] = 1,
     servicebus_port: Annotated[int, typer.Option(help="Service Bus emulator port.")] = 5672,
     remote_port: Annotated[int, typer.Option(help="Fake remote service port.")] = 7081,
@@ -59,6 +64,7 @@ def main(
         storage_ports={"Blob": 10000, "Queue": 10001, "Table": 10002} if standard_storage_ports else None,
         settings={"SUPERVISOR_SCHEDULE": "*/5 * * * * *", **_pairs(setting, "NAME=VALUE, e.g. MAX_FAILURES=5")},
         remote_urls=remote_urls,
+        client_queues=tuple(queue or ("my-status",)),
     )
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
@@ -66,10 +72,12 @@ def main(
         settings_out.parent.mkdir(parents=True, exist_ok=True)
         settings_out.write_text(json.dumps({"IsEncrypted": False, "Values": stack.env}, indent=2) + "\n")
         console.print("[bold]The local stack is running.[/bold]")
-        console.print(f"  Service Bus : {stack.servicebus_connection_string}")
-        console.print(f"  Storage     : {stack.azurite.connection_string}")
+        # soft_wrap: a connection string stays on one line, whole, for copy and paste.
+        console.print(f"  Service Bus : {stack.servicebus_connection_string}", soft_wrap=True)
+        console.print(f"  Storage     : {stack.azurite.connection_string}", soft_wrap=True)
+        console.print(f"  Client queues: {', '.join(stack.client_queues)} (for --reply-to)", soft_wrap=True)
         for name in remotes():
-            console.print(f"  Remote      : {name:<10} {stack.remote_url(name)}")
+            console.print(f"  Remote      : {name:<10} {stack.remote_url(name)}", soft_wrap=True)
         console.print(f"  Host logs   : {', '.join(str(p) for p in stack.host_logs)}")
         console.print(f"\nSend an order from another shell:\n  .venv/bin/python -m ordersctl --help\n"
                       f"  .venv/bin/python -m ordersctl send-order --settings {settings_out} "

@@ -227,7 +227,7 @@ def status(
             continue
         detail = line["last_error"] or (json.dumps(line["result"]) if line["result"] else "")
         lines.add_row(line["step"], line["kind"], line["action"] or "-", line["state"],
-                      str(line["attempt"] or "-"), str(line["failure_count"]), detail[:80])
+                      str(line["attempt"] or "-"), str(line["failure_count"]), detail[:48])
     out.print(lines)
 
 
