@@ -24,7 +24,7 @@ from .app import (
 )
 from .config import HostOptions, apply_settings, host_options, read_host_json, read_local_settings
 from .connections import Clients
-from .invoke import AsyncRunner, Invoker
+from .invoke import Invoker, Worker
 from .listener import Listener
 from .outputs import OutputSender
 from .queue_trigger import QueueTriggerListener
@@ -67,7 +67,7 @@ class Host:
         self.listeners: list[Listener] = []
         self.instance_id = ""
         self._ready = threading.Event()
-        self._runner: AsyncRunner | None = None
+        self._worker: Worker | None = None
         self._clients: Clients | None = None
         self._outputs: OutputSender | None = None
 
@@ -110,10 +110,12 @@ class Host:
 
     def start(self) -> None:
         assert self.options is not None, "load() first"
-        self._runner = AsyncRunner()
+        self._worker = Worker(self.environ)
+        if self._worker.thread_count.warning:
+            log.warning("%s", self._worker.thread_count.warning)
         self._clients = Clients(self.environ)
         self._outputs = OutputSender(self._clients, self.options.queues, self._notify_queue)
-        invoker = Invoker(self._outputs.send, self._runner, str(self.app_dir))
+        invoker = Invoker(self._outputs.send, self._worker, str(self.app_dir))
         for spec in self.specs:
             try:
                 listener = self._listener(spec, invoker)
@@ -128,8 +130,23 @@ class Host:
             log.error("Function %s is in error: %s", name, message)
         for listener in self.listeners:
             log.info("Function %s: %s", listener.name, listener.describe())
+        log.info("%s", self.concurrency())
+        for listener in self.listeners:
             listener.start()
         threading.Thread(target=self._announce_ready, name="funchost-ready", daemon=True).start()
+
+    def concurrency(self) -> str:
+        """One line: the worker's shared pool (size and source), its event loop, and each trigger's limit."""
+        assert self._worker is not None, "start() first"
+        triggers = ", ".join(
+            f"{listener.name} ({'async' if listener.spec.is_async else 'sync'}) {listener.concurrency()}"
+            for listener in self.listeners
+        )
+        return (
+            f"concurrency: sync functions share one thread pool of {self._worker.max_workers} "
+            f"({self._worker.thread_count.source}); async functions share one event loop; "
+            f"per trigger: {triggers or 'none'}"
+        )
 
     def _listener(self, spec: FunctionSpec, invoker: Invoker) -> Listener:
         assert self.options is not None and self._clients is not None
@@ -156,11 +173,12 @@ class Host:
                     waiting = [item.name for item in self.listeners if not item.ready.is_set()]
                     log.info("still waiting for %s to start receiving", ", ".join(waiting))
         log.info(
-            "%s functions=%d errors=%d instance=%s startup=%.1fs",
+            "%s functions=%d errors=%d instance=%s sync_threads=%d startup=%.1fs",
             READY_MARKER,
             len(self.listeners),
             len(self.errors),
             self.instance_id,
+            self._worker.max_workers if self._worker else 0,
             time.monotonic() - started,
         )
         self._ready.set()
@@ -178,12 +196,12 @@ class Host:
         ended = True
         for listener in self.listeners:
             ended &= listener.join(timeout=max(0.0, deadline - time.monotonic()) + 15.0)
+        if self._worker:
+            self._worker.close()  # invocations still queued for a thread: their messages are settled by now
         if self._outputs:
             self._outputs.close()
         if self._clients:
             self._clients.close()
-        if self._runner:
-            self._runner.close()
         log.info("%s instance=%s drained=%s", STOPPED_MARKER, self.instance_id, ended)
         return ended
 

@@ -3,8 +3,12 @@
 - Arguments are bound by binding name: the trigger value (the rich object, or the
   body as ``str``/``bytes`` when the parameter is annotated so), a fresh ``Out`` for
   each output binding, and ``context`` when the function asks for it.
-- ``async def`` functions run on one event loop in its own thread (the worker runs
-  them on its event loop); plain functions run in the listener's thread pool.
+- As in the Python worker (``azure_functions_worker/dispatcher.py``), every plain
+  (sync) function of the app runs on ONE shared thread pool, sized by the app setting
+  ``PYTHON_THREADPOOL_THREAD_COUNT`` or, unset (or invalid), by ``ThreadPoolExecutor``'s
+  default ``min(32, os.cpu_count() + 4)``; every ``async def`` function runs on ONE
+  event loop. An invocation beyond the pool's size waits in the pool's queue, while
+  the trigger (the host's side) keeps its message locked. See README "Concurrency".
 - Output values are sent only after the function returned; nothing is sent when it
   raised. A failure to send fails the invocation, so the trigger message is retried.
 - Each invocation is logged in one line to stderr: function, trigger, id, duration
@@ -21,7 +25,8 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,6 +140,84 @@ class AsyncRunner:
         self._thread.join(timeout=5)
 
 
+#: The worker's app setting for the size of its sync-function thread pool.
+THREAD_COUNT_SETTING = "PYTHON_THREADPOOL_THREAD_COUNT"
+
+
+def default_thread_count() -> int:
+    """``ThreadPoolExecutor``'s default size: ``min(32, cpu_count + 4)`` (3.13+: the CPUs this process may use)."""
+    count_cpus = getattr(os, "process_cpu_count", os.cpu_count)
+    return min(32, (count_cpus() or 1) + 4)
+
+
+@dataclass(frozen=True)
+class ThreadCount:
+    """The size of the worker's sync-function pool, and where it comes from (for the start-up log)."""
+
+    max_workers: int
+    source: str
+    warning: str | None = None
+
+
+def worker_thread_count(environ: Mapping[str, str]) -> ThreadCount:
+    """Size the sync pool as the Python worker does on Python 3.9+ (``Dispatcher._get_sync_tp_max_workers``).
+
+    The app setting, when it is an integer of at least 1, is ``max_workers`` (no upper
+    bound since Python 3.8); otherwise the worker logs a warning and passes ``None``,
+    so ``ThreadPoolExecutor`` picks its default ``min(32, cpu_count + 4)``.
+    """
+    default = default_thread_count()
+    default_source = f"ThreadPoolExecutor default min(32, cpu_count + 4) = {default}"
+    text = environ.get(THREAD_COUNT_SETTING)
+    if text is None:
+        return ThreadCount(default, f"{THREAD_COUNT_SETTING} not set: {default_source}")
+    try:
+        value = int(text)
+    except ValueError:
+        return ThreadCount(
+            default, default_source, f"{THREAD_COUNT_SETTING} must be an integer, got {text!r}; using the default"
+        )
+    if value < 1:
+        return ThreadCount(
+            default, default_source, f"{THREAD_COUNT_SETTING} must be at least 1, got {value}; using the default"
+        )
+    return ThreadCount(value, f"{THREAD_COUNT_SETTING}={value}")
+
+
+class Worker:
+    """Where the Python worker runs functions: one thread pool for all sync functions, one event loop for async ones."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.thread_count = worker_thread_count(environ)
+        self._pool = ThreadPoolExecutor(max_workers=self.thread_count.max_workers, thread_name_prefix="worker-sync")
+        self._runner = AsyncRunner()
+
+    @property
+    def max_workers(self) -> int:
+        return self.thread_count.max_workers
+
+    def run_sync(self, function: Callable[..., Any], args: dict[str, Any], context: Context) -> Any:
+        """Run a plain function on the shared pool and wait for it (queued while every thread is busy)."""
+        return self._pool.submit(self._call_sync, function, args, context).result()
+
+    @staticmethod
+    def _call_sync(function: Callable[..., Any], args: dict[str, Any], context: Context) -> Any:
+        # As the worker's _run_sync_func: the invocation id in the pool thread's local storage.
+        context.thread_local_storage.invocation_id = context.invocation_id
+        try:
+            return function(**args)
+        finally:
+            context.thread_local_storage.invocation_id = None
+
+    def run_async(self, coroutine) -> Any:
+        return self._runner.run(coroutine)
+
+    def close(self) -> None:
+        """Drop what still waits for a thread (its messages are abandoned or released by then) and stop the loop."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._runner.close()
+
+
 @dataclass
 class TriggerValue:
     """What the trigger delivers: the rich object, its body, and details for the log line."""
@@ -162,9 +245,9 @@ class Outcome:
 class Invoker:
     """Runs invocations: binds arguments, calls, sends outputs, logs one line per invocation."""
 
-    def __init__(self, send_output: Callable[[Any, Any], None], runner: AsyncRunner, function_directory: str) -> None:
+    def __init__(self, send_output: Callable[[Any, Any], None], worker: Worker, function_directory: str) -> None:
         self._send_output = send_output
-        self._runner = runner
+        self._worker = worker
         self._function_directory = function_directory
 
     def invoke(self, spec: FunctionSpec, trigger: TriggerValue) -> Outcome:
@@ -183,17 +266,19 @@ class Invoker:
     def _call(self, spec: FunctionSpec, trigger: TriggerValue, invocation_id: str) -> None:
         args: dict[str, Any] = {}
         outs: dict[str, Out] = {}
+        context = Context(invocation_id, spec.name, self._function_directory)
         for param in spec.params:
             if param.kind == "trigger":
                 args[param.name] = trigger.form(param.form)
             elif param.kind == "out":
                 outs[param.name] = args[param.name] = Out()
             else:
-                args[param.name] = Context(invocation_id, spec.name, self._function_directory)
+                args[param.name] = context
+        # The calling thread is the trigger's (the host's side); the function runs in the worker.
         if spec.is_async:
-            result = self._runner.run(spec.user_function(**args))
+            result = self._worker.run_async(spec.user_function(**args))
         else:
-            result = spec.user_function(**args)
+            result = self._worker.run_sync(spec.user_function, args, context)
         for binding in spec.outputs:
             value = result if binding.name == "$return" else outs[binding.name].get()
             if value is not None:

@@ -15,6 +15,12 @@ log = logging.getLogger("funchost")
 class Listener:
     """Drives one function's trigger in its own thread.
 
+    The listener is the Functions host's side: it holds up to its trigger's limit of
+    invocations in flight (host.json ``maxConcurrentCalls``, ``batchSize`` +
+    ``newBatchThreshold``, one timer run), each waiting in one of its own threads while
+    the worker runs the function (sync ones on the worker's shared thread pool, where
+    they may queue; async ones on its event loop), and keeps their messages locked.
+
     ``start()`` prepares (creates queues, ...) and starts the thread; ``ready`` is set
     once the listener is receiving. ``stop(deadline)`` stops taking new work; in-flight
     invocations may finish until ``deadline`` (``time.monotonic()``), after which their
@@ -36,6 +42,10 @@ class Listener:
     def describe(self) -> str:
         """A short description for the startup log, e.g. ``serviceBusTrigger queue=orders``."""
         return self.spec.trigger_type
+
+    def concurrency(self) -> str:
+        """The host's per-trigger limit on this function's invocations in flight, for the start-up log."""
+        return "unlimited"
 
     def prepare(self) -> None:
         """Runs before the thread starts (may raise: the function is then reported in error)."""

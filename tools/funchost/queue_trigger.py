@@ -5,10 +5,11 @@
   to ``maxPollingInterval``; a message found resets it. A message that a function of
   this host sends to the queue wakes the poller at once.
 - A received message is leased for 10 minutes and the lease is renewed at half-time
-  while the function runs (the Functions host does the same), so a slow function
-  never lets another instance take its message. A message taken by a crashed host
-  reappears when its lease ends; ``FUNCHOST_QUEUE_LEASE_SECONDS`` (this host's own
-  setting) shortens the lease for crash tests.
+  while it is in flight, its function running or waiting for a worker thread (the
+  Functions host does the same), so a slow function never lets another instance take
+  its message. A message taken by a crashed host reappears when its lease ends;
+  ``FUNCHOST_QUEUE_LEASE_SECONDS`` (this host's own setting) shortens the lease for
+  crash tests.
 - Success deletes the message. Failure makes it visible again after host.json
   ``visibilityTimeout``; the failure of the ``maxDequeueCount``-th attempt moves it to
   ``<queue>-poison`` (so does a message received past that count, or one whose body is
@@ -72,6 +73,9 @@ class QueueTriggerListener(Listener):
 
     def describe(self) -> str:
         return f"{self.spec.trigger_type} queue={self.queue_name}"
+
+    def concurrency(self) -> str:
+        return f"batchSize={self._batch} + newBatchThreshold={self._threshold} = {self._batch + self._threshold}"
 
     def prepare(self) -> None:
         ensure_queue(self._clients, self._setting, self.queue_name)

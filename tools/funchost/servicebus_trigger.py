@@ -2,12 +2,14 @@
 
 One pump thread owns the receiver (the SDK's sync handlers are not thread-safe): while
 fewer than ``maxConcurrentCalls`` messages are in flight it receives one message at a
-time (as the Functions host's processor does), hands each to a pool thread that runs the
-function as soon as it arrives, and settles the results the pool hands back:
+time (as the Functions host's processor does), hands each to one of this trigger's
+threads, which invokes the function in the worker (a sync function may wait there for
+a thread of the worker's shared pool), and settles the results they hand back:
 complete after the function returned, abandon when it raised. The queue's max
 delivery count then dead-letters a message that keeps failing (the broker does that,
-as in Azure). While a function runs, its message lock is renewed at half-life, up to
-host.json ``maxAutoLockRenewalDuration``.
+as in Azure). While a message is in flight (its function running, or waiting for a
+worker thread), its lock is renewed at half-life, up to host.json
+``maxAutoLockRenewalDuration`` from its receipt, as the host's processor does.
 """
 
 from __future__ import annotations
@@ -201,6 +203,9 @@ class ServiceBusTriggerListener(Listener):
 
     def describe(self) -> str:
         return f"{self.spec.trigger_type} queue={self.queue_name}"
+
+    def concurrency(self) -> str:
+        return f"maxConcurrentCalls={self._options.max_concurrent_calls}"
 
     def prepare(self) -> None:
         self._clients.new_servicebus(self._setting).close()  # fail now if the setting is missing or malformed

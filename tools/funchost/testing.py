@@ -41,7 +41,9 @@ from .host import INSTANCE_ID_SETTING, READY_MARKER, STOPPED_MARKER
 MODULE = __package__
 IMPORT_ROOT = Path(__file__).resolve().parents[MODULE.count(".") + 1]
 
-_READY = re.compile(re.escape(READY_MARKER) + r" functions=(\d+) errors=(\d+) instance=(\S+)")
+_READY = re.compile(
+    re.escape(READY_MARKER) + r" functions=(\d+) errors=(\d+) instance=(\S+)(?: sync_threads=(\d+))?"
+)
 _EXECUTED = re.compile(r"Executed 'Functions\.([^']+)' \((Succeeded|Failed), Id=([^,]+), Duration=(\d+)ms\)(.*)")
 
 
@@ -73,6 +75,8 @@ class HostProcess:
     instance_id: str = ""
     functions: int = 0
     errors: int = 0
+    #: The size of the worker's shared thread pool for sync functions (from the readiness line).
+    sync_threads: int = 0
 
     @property
     def pid(self) -> int:
@@ -102,6 +106,7 @@ class HostProcess:
             match = _READY.search(self.log_text())
             if match:
                 self.functions, self.errors, self.instance_id = int(match[1]), int(match[2]), match[3]
+                self.sync_threads = int(match[4] or 0)
                 if self.errors and not allow_errors:
                     raise HostError(f"{self.name}: {self.errors} function(s) in error:\n{self.log_tail()}")
                 return self

@@ -46,6 +46,9 @@ class TimerTriggerListener(Listener):
     def describe(self) -> str:
         return f'{self.spec.trigger_type} schedule="{self.expression}"'
 
+    def concurrency(self) -> str:
+        return "1 (runs never overlap)"
+
     def prepare(self) -> None:
         self.schedule = parse_schedule(self.expression)
         if self._use_monitor is None:

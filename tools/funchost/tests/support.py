@@ -6,7 +6,7 @@ import base64
 import json
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
 
@@ -16,7 +16,7 @@ from azure.storage.queue import QueueClient
 T = TypeVar("T")
 
 APP_DIR = Path(__file__).resolve().parent / "app"
-FUNCTIONS = ("sb_record", "queue_record", "tick", "tick_on_startup")
+FUNCTIONS = ("sb_record", "queue_record", "queue_sync", "tick", "tick_on_startup")
 
 
 def eventually(
@@ -69,6 +69,20 @@ def records(directory: Path, function: str | None = None, event: str | None = No
     return found
 
 
+def most_at_once(*runs: list[dict]) -> int:
+    """The most invocations running at the same moment, from the functions' own ``start``
+    and ``done`` records (each list holds one kind; pass starts first, then dones)."""
+    events = []
+    for items in runs:
+        for item in items:
+            events.append((datetime.fromisoformat(item["at"]), 1 if item["event"] == "start" else -1))
+    running = most = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):  # at a tie, an end before a start
+        running += step
+        most = max(most, running)
+    return most
+
+
 def b64(text: str | bytes) -> str:
     """A storage queue message body as the Functions host expects it (messageEncoding base64)."""
     data = text.encode("utf-8") if isinstance(text, str) else text
@@ -92,6 +106,7 @@ def host_env(
         "FH_OUT_QUEUE": unique_name("out-"),
         "FH_QUEUE": unique_name("in-"),
         "FH_QUEUE_OUT": unique_name("out-"),
+        "FH_SYNC_QUEUE": unique_name("sync-"),
     }
     queue_options = {"lock_duration": lock_duration}
     if max_delivery_count is not None:

@@ -9,7 +9,7 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 from azure.storage.queue import QueueClient
 
-from .support import APP_DIR, eventually, host_env, receive, records, unb64
+from .support import APP_DIR, eventually, host_env, most_at_once, receive, records, unb64
 
 
 @pytest.fixture
@@ -114,16 +114,6 @@ def test_an_exception_abandons_until_max_delivery_count_dead_letters_it_and_noth
     assert [i.outcome for i in host.invocations("sb_record")] == ["Failed"] * 3
 
 
-def _most_at_once(started: list[dict], finished: list[dict]) -> int:
-    events = [(datetime.fromisoformat(r["at"]), 1) for r in started]
-    events += [(datetime.fromisoformat(r["at"]), -1) for r in finished]
-    running = most = 0
-    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
-        running += step
-        most = max(most, running)
-    return most
-
-
 def test_max_concurrent_calls_bounds_the_invocations_in_flight(
     funchost, servicebus_emulator, storage_connection_string, unique_name, tmp_path
 ):
@@ -143,4 +133,4 @@ def test_max_concurrent_calls_bounds_the_invocations_in_flight(
 
     eventually(lambda: len(records(tmp_path, "sb_record", "done")) == 9, what="nine invocations")
     started, finished = records(tmp_path, "sb_record", "start"), records(tmp_path, "sb_record", "done")
-    assert _most_at_once(started, finished) == 3
+    assert most_at_once(started, finished) == 3

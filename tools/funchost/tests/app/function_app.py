@@ -1,5 +1,8 @@
 """A small app with one function per trigger and output kind, for the local host's tests.
 
+``sb_record``, ``queue_sync`` and the timers are plain (sync) functions: the worker runs
+them on its one shared thread pool; ``queue_record`` is ``async def``: its event loop.
+
 Every invocation appends a JSON line to ``$FH_RECORD_DIR/<instance id>.jsonl`` so a
 test can see what each host process received. The message body steers the function:
 ``{"fail": true}`` raises (after setting the outputs), ``{"sleep": 2}`` sleeps first,
@@ -80,6 +83,7 @@ def sb_record(msg: func.ServiceBusMessage, to_queue: func.Out[str], to_bus: func
         application_properties=msg.application_properties,
         user_properties=msg.user_properties,
         metadata_message_id=(msg.metadata or {}).get("MessageId"),
+        thread=threading.current_thread().name,
     )
     if "sleep" in command:
         time.sleep(float(command["sleep"]))
@@ -111,6 +115,7 @@ async def queue_record(msg: func.QueueMessage, context: func.Context) -> str:
         pop_receipt=msg.pop_receipt,
         invocation_id=context.invocation_id,
         function_name=context.function_name,
+        thread=threading.current_thread().name,
     )
     if "sleep" in command:
         await asyncio.sleep(float(command["sleep"]))
@@ -121,6 +126,18 @@ async def queue_record(msg: func.QueueMessage, context: func.Context) -> str:
         raise RuntimeError(f"failing on purpose (dequeue {msg.dequeue_count})")
     record("queue_record", "done", id=msg.id)
     return command.get("out")
+
+
+@app.queue_trigger(arg_name="msg", queue_name="%FH_SYNC_QUEUE%", connection="AzureWebJobsStorage")
+def queue_sync(msg: func.QueueMessage) -> None:
+    """A plain storage-queue function: ``{"sleep": s}`` holds a thread of the worker's pool."""
+    command = _command(msg.get_body())
+    record(
+        "queue_sync", "start", id=msg.id, dequeue_count=msg.dequeue_count, thread=threading.current_thread().name
+    )
+    if "sleep" in command:
+        time.sleep(float(command["sleep"]))
+    record("queue_sync", "done", id=msg.id)
 
 
 @app.timer_trigger(arg_name="timer", schedule="%FH_TIMER_SCHEDULE%", use_monitor=False)
