@@ -40,6 +40,11 @@ SCHEDULER_QUEUE = "scheduler"
 ORDERS_TABLE = "orders"
 REJECTIONS_TABLE = "rejections"
 
+#: The Python worker's pool for sync functions, set explicitly (infra/resources.bicep
+#: says why); the local stack and local.settings.template.json use the same value.
+WORKER_THREADS_SETTING = "PYTHON_THREADPOOL_THREAD_COUNT"
+WORKER_THREADS = 16
+
 #: NCRONTAB with seconds (six fields, seconds first): every 15 seconds.
 DEFAULT_SUPERVISOR_SCHEDULE = "*/15 * * * * *"
 

@@ -158,6 +158,7 @@ class LocalStack:
             names.STORAGE_CONNECTION: self.azurite.connection_string,
             names.SERVICEBUS_CONNECTION: self.servicebus_connection_string,
             **{names.remote_url_setting(remote): self.remote_url(remote) for remote in remotes()},
+            names.WORKER_THREADS_SETTING: str(names.WORKER_THREADS),
             **self.settings,
         }
 

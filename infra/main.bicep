@@ -75,6 +75,10 @@ param maxFailures int = 3
 @description('SUPERVISOR_SCHEDULE: NCRONTAB with seconds (six fields) for the supervisor\'s timer.')
 param supervisorSchedule string = '*/15 * * * * *'
 
+@description('PYTHON_THREADPOOL_THREAD_COUNT: threads of the Python worker\'s pool for sync functions, per instance (set explicitly; see resources.bicep).')
+@minValue(1)
+param workerThreads int = 16
+
 // Flex Consumption scale settings.
 @minValue(40)
 @maxValue(1000)
@@ -117,6 +121,7 @@ module resources 'resources.bicep' = {
     pendingTimeoutSeconds: pendingTimeoutSeconds
     maxFailures: maxFailures
     supervisorSchedule: supervisorSchedule
+    workerThreads: workerThreads
     maximumInstanceCount: maximumInstanceCount
     instanceMemoryMB: instanceMemoryMB
     serviceBusScaleMonitoring: serviceBusScaleMonitoring

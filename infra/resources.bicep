@@ -71,6 +71,10 @@ param pendingTimeoutSeconds int = 30
 @description('MAX_FAILURES: expired attempts after which a step gives up: it and the steps before it are undone, or, if it cannot be undone, the order goes to Error and the operator is alerted (default for steps whose policy sets none).')
 param maxFailures int = 3
 
+@description('PYTHON_THREADPOOL_THREAD_COUNT: threads of the Python worker\'s pool for sync functions, per instance.')
+@minValue(1)
+param workerThreads int = 16
+
 @description('SUPERVISOR_SCHEDULE: NCRONTAB with seconds (six fields) for the supervisor\'s timer.')
 param supervisorSchedule string = '*/15 * * * * *'
 
@@ -330,6 +334,14 @@ module functionApp 'app/function-app.bicep' = {
       PENDING_TIMEOUT_SECONDS: string(pendingTimeoutSeconds)
       MAX_FAILURES: string(maxFailures)
       SUPERVISOR_SCHEDULE: supervisorSchedule
+      // The Python worker's one thread pool for sync functions (submit_order,
+      // schedule_order, complete_step, supervise: short table and Service Bus calls).
+      // Set explicitly: left unset, what an instance gets depends on how its worker was
+      // started (the host sets 1000, a worker started ahead of time its own default,
+      // min(32, cores + 4)). The agents are async and take no thread while they wait on
+      // a remote service. host.json's per-trigger limits (16 Service Bus calls, 16 + 8
+      // queue messages) bound the work on top; the local host honours the same setting.
+      PYTHON_THREADPOOL_THREAD_COUNT: string(workerThreads)
     }, requestsQueueSettings, remoteUrlSettings)
   }
 }

@@ -287,3 +287,17 @@ def _field_for(setting: str) -> str | None:
         if setting in aliases(field):
             return name
     return None
+
+
+def test_the_worker_thread_pool_is_set_explicitly_and_alike_everywhere():
+    import json
+
+    from core import names
+    from tests.infra.conftest import ROOT
+
+    resources = (ROOT / "infra" / "resources.bicep").read_text()
+    assert f"{names.WORKER_THREADS_SETTING}: string(workerThreads)" in resources
+    assert f"param workerThreads int = {names.WORKER_THREADS}" in resources
+    assert f"param workerThreads int = {names.WORKER_THREADS}" in (ROOT / "infra" / "main.bicep").read_text()
+    template = json.loads((ROOT / "local.settings.template.json").read_text())["Values"]
+    assert template[names.WORKER_THREADS_SETTING] == str(names.WORKER_THREADS)
