@@ -309,6 +309,9 @@ class Status(str, Enum):
     PROCESSED = "processed"
     COMPENSATED = "compensated"
     FAILED = "failed"
+    #: The order message was refused (invalid, or another order under the same id): the
+    #: detail says why; fix it and send it again (README, "Sending orders").
+    REJECTED = "rejected"
 
 
 class StatusEvent(_Message):

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from adapters.settings import Settings
 from core import names
-from core.models import OrderRequest, ProcessState, explain, utcnow
+from core.models import Alert, OrderRequest, ProcessState, explain, utcnow
 from core.progress import progress
 from core.workflow import UnknownWorkflow, workflow
 
@@ -272,9 +272,14 @@ def alerts(
     messages = _peek(ctx, ctx.settings.alerts_queue, dead_letter=False, most=most, take=take)
     table = Table("time", "order", "could not undo", "last error")
     for message in messages:
-        alert = json.loads(str(message))
-        table.add_row(alert["time"], alert["order_id"], ", ".join(alert.get("failed_compensations") or []) or "-",
-                      (alert.get("last_error") or "")[:100])
+        try:
+            alert = Alert.model_validate_json(str(message))
+        except ValueError:
+            # Not one of ours (someone else's message on the queue): shown, never a crash.
+            table.add_row(str(message.enqueued_time_utc or "-"), "(not an alert)", "-", str(message)[:100])
+            continue
+        table.add_row(alert.time.isoformat(), alert.order_id, ", ".join(alert.failed_compensations) or "-",
+                      (alert.last_error or "")[:100])
     out.print(table)
     out.print(f"{len(messages)} alert(s)" + (" taken" if take else " (peeked; --take removes them)"))
 

@@ -7,6 +7,7 @@ unavailable) raises, so Service Bus delivers the message again.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -61,6 +62,16 @@ def _text(value: object) -> str | None:
     return str(value)
 
 
+def _claimed_order_id(body: bytes) -> str | None:
+    """The order id an invalid order claims, if it has one (to correlate the rejection)."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    claimed = document.get("order_id") if isinstance(document, dict) else None
+    return claimed if isinstance(claimed, str) else None
+
+
 def submit(
     body: bytes,
     *,
@@ -84,7 +95,19 @@ def submit(
             body=body, reason=reason, now=now, message_id=message_id, content_type=content_type, order_id=order_id
         )
         log.warning("order message %s rejected: %s", message_id, reason)
+        # Tell the submitter, if it named a queue we may write to (best effort).
+        queue = reply_to if reply_to and _QUEUE_NAME.match(reply_to) and not _own(reply_to) else None
+        publisher.send_status(
+            StatusEvent(
+                order_id=(order_id or _claimed_order_id(body) or message_id or "unknown")[:100],
+                status=Status.REJECTED, time=now, detail=reason,
+            ),
+            queue=queue,
+        )
         return Submission(Result.REJECTED, order_id, reason=reason)
+
+    def _own(queue: str) -> bool:
+        return queue.lower() in {own.lower() for own in own_queues}
 
     if not _content_type_ok(content_type):
         shown = content_type if len(content_type) <= 100 else f"{content_type[:100]}… ({len(content_type)} characters)"
@@ -99,7 +122,7 @@ def submit(
     if reply_to and not _QUEUE_NAME.match(reply_to):
         log.warning("order %s: ignoring invalid ReplyTo %r", order.order_id, reply_to[:300])
         reply_to = None
-    elif reply_to and reply_to.lower() in {queue.lower() for queue in own_queues}:
+    elif reply_to and _own(reply_to):
         log.warning("order %s: ignoring ReplyTo %r: it names one of the app's own queues", order.order_id, reply_to)
         reply_to = None
 

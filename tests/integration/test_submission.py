@@ -139,3 +139,16 @@ def test_a_reply_to_naming_one_of_the_apps_own_queues_is_ignored(app_settings):
     submit(order_json("o-14"), reply_to=app_settings["ALERTS_QUEUE"], message_id="o-14")
     state = services().store.get("o-14")
     assert state.process_state is ProcessState.PENDING and state.reply_to is None
+
+
+def test_a_rejected_order_is_told_to_its_reply_to_queue_with_the_reason(app_settings, servicebus_emulator):
+    replies = "replies-rejected"
+    servicebus_emulator.declare_queue(replies)
+    submit(order_json("o-15", total="99.00"), reply_to=replies, message_id="o-15:x")
+    with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
+        with client.get_queue_receiver(replies, max_wait_time=5) as receiver:
+            (message,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            event = json.loads(str(message))
+            receiver.complete_message(message)
+    assert (event["order_id"], event["status"]) == ("o-15", "rejected")
+    assert "total" in event["detail"]
