@@ -40,8 +40,9 @@ def close_order(state: OrderState, *, store: StateStore, publisher: Publisher, a
             reason=(
                 f"could not undo step(s) {', '.join(failed)}: the order needs an operator"
                 if failed
-                else "order failed and needs an operator"
+                else f"step {state.step} could not be completed and cannot be undone: the order needs an operator"
             ),
+            step=state.step,
             failed_compensations=failed,
         )
         log.error(

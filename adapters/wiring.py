@@ -35,7 +35,6 @@ class Services:
     instance: str
 
     @classmethod
-    @classmethod
     def from_settings(cls, settings: Settings) -> Services:
         tables = clients.table_service(settings)
         for name in (settings.orders_table, settings.rejections_table):

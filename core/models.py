@@ -330,6 +330,8 @@ class Alert(_Message):
     last_error: str | None
     time: AwareDatetime
     reason: str
+    #: The step the order stopped at.
+    step: str | None = None
     #: The steps whose compensation could not be done.
     failed_compensations: list[str] = Field(default_factory=list)
 

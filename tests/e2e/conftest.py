@@ -1,17 +1,31 @@
 """The whole app on the local stack: Azurite, the Service Bus emulator, the fake remote
-service, and local host processes running the real function_app.py."""
+services, and local host processes running the real function_app.py.
+
+``stack`` gives a test its own tables and queues, the fake remote (no faults) and a way
+to start hosts with the FAST timings. Besides sending orders and waiting for them, it
+reads what an operator would (:meth:`Stack.record`: the order, its state and its step
+rows, as ``ordersctl status`` reads them), what the hosts logged (the scheduler's
+claims, ignored responses), and it can hand the app agent responses built from a real
+one: :meth:`Stack.capture` waits until a line is in flight and keeps the state row as
+claimed, which is the fence the real request carries; :meth:`Stack.response` builds a
+response with that context.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
-from core.models import OrderState, ProcessState
-from adapters.store import OrderNotFound
+from adapters.messaging import agent_request_id
+from adapters.store import OrderNotFound, OrderRecord
 from adapters.wiring import services
+from core.models import AgentResponse, Context, LineRecord, OrderState, Outcome, ProcessState
+from core.workflow import Kind
 from tests.polling import wait_until
 from tests.servicebus_helpers import bodies, receive
 
@@ -25,7 +39,28 @@ FAST = {
     "AGENT_BACKOFF_INITIAL_SECONDS": "0.05",
     "AGENT_BACKOFF_MAX_SECONDS": "0.3",
     "REMOTE_CALL_TIMEOUT_SECONDS": "1",
+    # Should a run of transient faults open an agent's circuit breaker, its steps wait this long.
+    "BREAKER_OPEN_SECONDS": "1",
 }
+
+#: The scheduler's log line for every claim of a line (scheduler/dispatch.py).
+_CLAIM = re.compile(r"order (\S+) attempt (\d+): (action|compensation) (\S+) \((\S+)\) claimed by (\S+)")
+#: The scheduler's log line for a response it did not apply.
+_IGNORED = re.compile(r"response for order (\S+) attempt (-?\d+) ignored")
+#: The workflow's actions at each remote service (core/workflow.py).
+ACTIONS = {"inventory": "reserve", "payments": "charge", "shipping": "ship"}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of a line, as the scheduler logged it."""
+
+    order_id: str
+    attempt: int
+    kind: str
+    step: str
+    action: str
+    instance: str
 
 
 @dataclass
@@ -46,6 +81,8 @@ class Stack:
         self.hosts += started
         return started
 
+    # -- sending ----------------------------------------------------------------------
+
     def send(self, orders: Iterable[tuple[str, bytes]], *, reply_to: str | None = None) -> None:
         messages = [
             ServiceBusMessage(body, message_id=order_id, content_type="application/json", reply_to=reply_to)
@@ -56,29 +93,148 @@ class Stack:
                 for start in range(0, len(messages), 100):
                     sender.send_messages(messages[start : start + 100])
 
+    def send_responses(self, responses: Iterable[AgentResponse]) -> None:
+        """Agent responses on the agent-responses queue, as an agent sends them."""
+        messages = [
+            ServiceBusMessage(
+                r.model_dump_json(), content_type="application/json", correlation_id=r.order_id,
+                message_id=f"{agent_request_id(r.order_id, r.step, r.attempt)}:response",
+            )
+            for r in responses
+        ]
+        with ServiceBusClient.from_connection_string(self.connection_string) as client:
+            with client.get_queue_sender(self.settings["AGENT_RESPONSES_QUEUE"]) as sender:
+                sender.send_messages(messages)
+
+    # -- the state, as an operator reads it -------------------------------------------------
+
     def state(self, order_id: str) -> OrderState | None:
         try:
             return services().store.get(order_id)
         except OrderNotFound:
             return None
 
+    def record(self, order_id: str) -> OrderRecord:
+        """The order, its state row and its step rows (what ``ordersctl status`` reads)."""
+        return services().store.read(order_id)
+
+    def lines(self, order_id: str) -> dict[tuple[str, str], LineRecord]:
+        """The order's step rows by (step, kind): ("charge", "action"), ("reserve", "compensation")..."""
+        return {(line.step, line.kind.value): line for line in self.record(order_id).lines}
+
+    def states(self, order_ids: Iterable[str]) -> dict[str, OrderState | None]:
+        wanted = set(order_ids)
+        if len(wanted) <= 5:
+            return {order_id: self.state(order_id) for order_id in wanted}
+        found = {s.order_id: s for s in services().store.list_states() if s.order_id in wanted}  # one scan
+        return {order_id: found.get(order_id) for order_id in wanted}
+
     def wait_terminal(self, order_ids: list[str], *, timeout: float) -> dict[str, OrderState]:
         def all_terminal():
-            states = {order_id: self.state(order_id) for order_id in order_ids}
+            states = self.states(order_ids)
             if all(s is not None and s.process_state.terminal for s in states.values()):
                 return states
             return None
 
-        return wait_until(all_terminal, timeout=timeout, what=f"{len(order_ids)} order(s) to finish", interval=0.25)
+        # Many orders: poll less often, each poll scans the table (on the same two cores as the hosts).
+        interval = 0.25 if len(order_ids) <= 5 else 1.0
+        return wait_until(all_terminal, timeout=timeout, what=f"{len(order_ids)} order(s) to finish", interval=interval)
 
-    def alerts(self, expected: int, timeout: float = 5.0) -> list[dict]:
-        return bodies(receive(self.connection_string, self.settings["ALERTS_QUEUE"], expected + 1, timeout=timeout))
+    def wait_closed(self, order_ids: list[str], *, timeout: float) -> dict[str, OrderState]:
+        """Terminal and out of the active index: the order was closed, so its final status
+        event and any alert have been sent (adapters/closing.py sends them first)."""
+        states = self.wait_terminal(order_ids, timeout=timeout)
+        wanted = set(order_ids)
+        wait_until(
+            lambda: not wanted & {order_id for order_id, _, _ in services().store.active_ids()},
+            timeout=15, what=f"{len(order_ids)} order(s) to be closed",
+        )
+        return states
 
-    def statuses(self, queue: str, expected: int, timeout: float = 5.0) -> list[dict]:
-        return bodies(receive(self.connection_string, queue, expected, timeout=timeout))
+    def capture(self, order_id: str, step: str, kind: Kind = Kind.ACTION, *, timeout: float = 20) -> OrderRecord:
+        """Wait until the line (step, kind) is in flight and return the partition as read
+        then: its state row is the line's claim, with the claim's ETag, i.e. the fence the
+        real agent request carries (nothing writes the row while the line runs)."""
+
+        def in_flight() -> OrderRecord | None:
+            try:
+                record = self.record(order_id)
+            except OrderNotFound:
+                return None
+            s = record.state
+            running = s.process_state is ProcessState.PROCESSING and s.step == step and s.kind is kind
+            return record if running else None
+
+        what = f"order {order_id}: {kind.value} {step} in flight"
+        return wait_until(in_flight, timeout=timeout, what=what, interval=0.03)
+
+    @staticmethod
+    def response(captured: OrderRecord, outcome: Outcome = Outcome.SUCCEEDED, **changes) -> AgentResponse:
+        """The response an agent sends for the captured line: its step, kind and attempt,
+        and the request's context (the fence, the order, the results so far) echoed."""
+        s = captured.state
+        fields = {
+            "order_id": s.order_id, "step": s.step, "kind": s.kind, "attempt": s.attempt, "outcome": outcome,
+            "context": Context(fence=s, order=json.loads(captured.document), results=captured.results()),
+        }
+        return AgentResponse(**{**fields, **changes})
+
+    # -- what the hosts logged ----------------------------------------------------------
 
     def host_logs(self) -> str:
         return "\n".join(host.log_text() for host in self.hosts)
+
+    def claims(self, order_id: str | None = None) -> list[Claim]:
+        """Every claim the scheduler logged (of one order), in attempt order."""
+        found = [
+            Claim(m[1], int(m[2]), m[3], m[4], m[5], m[6])
+            for host in self.hosts
+            for m in _CLAIM.finditer(host.log_text())
+            if order_id is None or m[1] == order_id
+        ]
+        return sorted(found, key=lambda c: (c.order_id, c.attempt))
+
+    def ignored(self, order_id: str) -> int:
+        """Responses for this order the scheduler logged as ignored (stale or duplicate)."""
+        return sum(1 for host in self.hosts for m in _IGNORED.finditer(host.log_text()) if m[1] == order_id)
+
+    # -- what the app sent ----------------------------------------------------------------
+
+    def waiting(self, queue: str) -> int:
+        """Messages on a queue, not yet received."""
+        counts = self.emulator.message_counts(queue)
+        return counts["active"] + counts["locked"] + counts["scheduled"]
+
+    def all_alerts(self) -> list[dict]:
+        """Every alert on the alerts queue (received and removed). Call after wait_closed."""
+        queue = self.settings["ALERTS_QUEUE"]
+        count = self.waiting(queue)
+        return bodies(receive(self.connection_string, queue, count, timeout=10)) if count else []
+
+    def events(self, queue: str) -> list[tuple[str, str | None]]:
+        """Every status event on a reply queue as (status, step), in order (received and
+        removed). Call after wait_closed: the order's last event has been sent."""
+        count = self.waiting(queue)
+        received = bodies(receive(self.connection_string, queue, count, timeout=10)) if count else []
+        return [(event["status"], event.get("step")) for event in received]
+
+    # -- what the remote services saw -----------------------------------------------------
+
+    def applied(self, service: str) -> dict[str, list[str]]:
+        """Forward actions applied at a service, by order."""
+        return self.remote.effects()["services"][service]["applied"]
+
+    def undone(self, service: str) -> dict[str, list[str]]:
+        """Compensations that undid something at a service, by order."""
+        return self.remote.effects()["services"][service]["undone"]
+
+    def assert_remote_clean(self) -> dict:
+        """Nothing applied twice, no call after its complete-by, no call the remote found invalid."""
+        effects = self.remote.effects()
+        assert (effects["twice"], effects["late"], effects["invalid"]) == (0, 0, 0), {
+            name: {k: s[k] for k in ("twice", "late", "invalid")} for name, s in effects["services"].items()
+        }
+        return effects
 
 
 @pytest.fixture
@@ -86,5 +242,16 @@ def stack(app_settings, servicebus_emulator, fake_remote, funchost) -> Stack:
     return Stack(app_settings, servicebus_emulator, fake_remote, funchost)
 
 
+@pytest.fixture
+def reply_queue(stack, unique_name) -> str:
+    """A queue of the test's own for status events (the submitter's ReplyTo)."""
+    return stack.emulator.declare_queue(unique_name("replies-"))
+
+
 def processed(states: dict[str, OrderState]) -> int:
     return sum(1 for s in states.values() if s.process_state is ProcessState.PROCESSED)
+
+
+def net_zero(net: dict[str, dict[str, int]]) -> bool:
+    """Nothing of the order is left applied at any service."""
+    return all(count == 0 for actions in net.values() for count in actions.values())

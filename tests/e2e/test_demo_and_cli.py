@@ -32,19 +32,38 @@ def stack_processes(mark: str) -> list[int]:
 def test_demo_short_form(tmp_path, report_figure):
     mark = uuid.uuid4().hex
     result = subprocess.run(
-        [sys.executable, "-m", "devtools.demo", "--orders", "30", "--invalid", "3", "--out", str(tmp_path), "--time-limit", "180"],
-        cwd=ROOT, env={**os.environ, "LOCAL_STACK_ID": mark}, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "devtools.demo", "--orders", "30", "--invalid", "3", "--permanent", "0.1",
+         "--out", str(tmp_path), "--time-limit", "180"],
+        cwd=ROOT, env={**os.environ, "LOCAL_STACK_ID": mark, "COLUMNS": "160"}, capture_output=True, text=True, timeout=300,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["not_terminal"] == 0
-    assert summary["processed"] + summary["error"] == 30
+    assert summary["processed"] + summary["compensated"] + summary["error"] == 30
+    # All three final states: refusals at payments and shipping are undone, and the
+    # three orders scripted to fail (one of each kind) end in Error.
+    assert summary["processed"] > 0 and summary["compensated"] > 0 and summary["error"] >= 3
+    assert len(summary["scripted_errors"]) == 3 and set(summary["scripted_errors"]) <= set(summary["error_orders"])
     assert summary["rejected"] == 3
-    assert summary["remote_effects"] == summary["processed"] and summary["effects_equal_processed"]
+    assert summary["alerts"] == summary["error"]
+    assert summary["all_passed"] and all(check["passed"] for check in summary["checks"])
+    checked = " ".join(check["check"] for check in summary["checks"])
+    for words in ("Processed", "Compensated", "Error", "twice", "Complete-By", "alert"):
+        assert words in checked, f"no check about {words!r}"
+    effects = summary["remote_effects"]
+    assert set(effects) == {"inventory", "payments", "shipping"}
+    # What stays applied: one action per service for each Processed order, plus what
+    # the Error orders left (listed per order for an operator).
+    left_by_errors = {service: 0 for service in effects}
+    for info in summary["error_orders"].values():
+        for what in info["left_applied"]:
+            left_by_errors[what.split()[0]] += 1
+    for service, figures in effects.items():
+        assert figures["left"] == summary["processed"] + left_by_errors[service], (service, figures)
     assert (tmp_path / "run.png").stat().st_size > 10_000
-    assert "Summary" in result.stdout
+    assert "Summary" in result.stdout and "all checks passed" in result.stdout
     assert stack_processes(mark) == []
-    report_figure(f"demo (30 orders): {json.dumps({k: summary[k] for k in ('processed', 'error', 'rejected', 'supervisor_resets', 'latency_p50_s', 'latency_p95_s', 'elapsed_s')})}")
+    report_figure(f"demo (30 orders): {json.dumps({k: summary[k] for k in ('processed', 'compensated', 'error', 'rejected', 'supervisor_resets', 'latency_p50_s', 'latency_p95_s', 'elapsed_s')})}")
 
 
 def test_ctrl_c_during_the_demo_leaves_no_process_behind(tmp_path):
@@ -74,8 +93,10 @@ def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 def test_ordersctl_against_the_local_stack(stack, tmp_path):
     env = {**os.environ, "COLUMNS": "200"}
-    stack.remote.set_faults(script={"cli-2": ["permanent"]})
-    stack.emulator.declare_queue("cli-replies")
+    # cli-2: shipping refuses it, so it is undone; the release of its stock is refused
+    # once, so it cannot be undone whole: Error, with an alert, until a resubmit.
+    stack.remote.set_faults(script={"cli-2/ship": ["permanent"], "cli-2/release": ["permanent"]})
+    replies = stack.emulator.declare_queue(f"cli-replies-{uuid.uuid4().hex[:8]}")
     stack.start_hosts()
 
     assert cli("send-order", "--order-id", "bad/id", "--customer", "c", "--item", "s:1:1.00", env=env).returncode == 1
@@ -83,28 +104,46 @@ def test_ordersctl_against_the_local_stack(stack, tmp_path):
     assert cli("status", "no-such-order", env=env).returncode == 1
 
     sent = cli("send-order", "--order-id", "cli-1", "--customer", "c-1", "--item", "sku-1:2:12.50",
-               "--reply-to", "cli-replies", env=env)
+               "--reply-to", replies, env=env)
     assert sent.returncode == 0, sent.stderr
     order_file = tmp_path / "order.json"
     order_file.write_text(json.dumps({"order_id": "cli-2", "customer_id": "c-2", "currency": "EUR",
                                       "items": [{"sku": "s", "quantity": 1, "unit_price": "3.00"}], "total": "3.00"}))
     assert cli("send-order", "--file", str(order_file), env=env).returncode == 0
-    states = stack.wait_terminal(["cli-1", "cli-2"], timeout=30)
+    states = stack.wait_closed(["cli-1", "cli-2"], timeout=30)
     assert (states["cli-1"].process_state.value, states["cli-2"].process_state.value) == ("Processed", "Error")
 
-    watched = cli("watch-status", "cli-replies", "--count", "3", "--timeout", "5", env=env)
-    assert watched.returncode == 0 and [w for w in ("received", "processing", "processed") if w in watched.stdout] == ["received", "processing", "processed"]
+    watched = cli("watch-status", replies, "--count", "5", "--timeout", "5", env=env)
+    assert watched.returncode == 0, watched.stderr
+    assert [line.split()[2] for line in watched.stdout.splitlines() if line.strip()] == [
+        "received", "processing(reserve)", "processing(charge)", "processing(ship)", "processed",
+    ]
     shown = cli("status", "cli-1", env=env)
     assert shown.returncode == 0 and "Processed" in shown.stdout and "25.00 EUR" in shown.stdout
+
+    shown = cli("status", "cli-2", "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    document = json.loads(shown.stdout)
+    assert (document["order_id"], document["state"]) == ("cli-2", "Error")
+    assert [(s["step"], s["kind"], s["state"]) for s in document["steps"]] == [
+        ("reserve", "action", "Done"), ("charge", "action", "Done"), ("ship", "action", "Refused"),
+        ("charge", "compensation", "Done"), ("reserve", "compensation", "Failed"),
+    ]
     listed = cli("list", "--state", "Error", env=env)
-    assert listed.returncode == 0 and "cli-2" in listed.stdout
+    assert listed.returncode == 0 and "cli-2" in listed.stdout and "cli-1" not in listed.stdout
     alerts = cli("alerts", env=env)
-    assert alerts.returncode == 0 and "cli-2" in alerts.stdout
+    assert alerts.returncode == 0 and "cli-2" in alerts.stdout and "reserve" in alerts.stdout
     assert cli("dead-letters", stack.settings["ORDERS_QUEUE"], env=env).returncode == 0
 
     refused = cli("resubmit", "cli-1", env=env)
     assert refused.returncode == 1 and "not Error" in refused.stderr
-    resubmitted = cli("resubmit", "cli-2", env=env)  # the remote's refusal was a one-off
+    resubmitted = cli("resubmit", "cli-2", env=env)  # the refusal of the release was a one-off
     assert resubmitted.returncode == 0, resubmitted.stderr
-    wait_until(lambda: stack.state("cli-2").process_state.value == "Processed", timeout=30, what="cli-2 to be processed")
-    assert stack.remote.effects()["by_order"] == {"cli-1": 1, "cli-2": 1}
+    wait_until(lambda: stack.state("cli-2").process_state.value == "Compensated", timeout=30, what="cli-2 to be undone")
+    assert {key: line.state.value for key, line in stack.lines("cli-2").items()}[("reserve", "compensation")] == "Done"
+    listed = cli("list", "--state", "Compensated", env=env)
+    assert listed.returncode == 0 and "cli-2" in listed.stdout
+    assert stack.applied("shipping") == {"cli-1": ["ship"]}
+    assert stack.undone("payments") == {"cli-2": ["refund"]} and stack.undone("inventory") == {"cli-2": ["release"]}
+    assert stack.remote.net("cli-2") == {"inventory": {"reserve": 0}, "payments": {"charge": 0}}
+    stack.assert_remote_clean()

@@ -1,80 +1,120 @@
-"""The order lifecycle end to end under faults: final state, remote effects, alerts and
-status events, on the whole local stack running the real function_app.py."""
+"""The order lifecycle end to end under faults: every order runs its three steps (reserve
+at inventory, charge at payments, ship at shipping) on the whole local stack running the
+real function_app.py; final state, step rows, remote effects, alerts and status events.
+Compensation has its own file (test_compensation.py)."""
 
 from __future__ import annotations
 
-import json
 import re
+from collections import Counter
 
-from azure.servicebus import ServiceBusClient, ServiceBusMessage
-
-from core.models import STEP, AgentResponse, Outcome, ProcessState
 from adapters.wiring import services
+from core.models import Outcome, ProcessState, idempotency_key
+from core.workflow import Kind
+from devtools.fake_remote.ledger import confirmation_for
 from devtools.orders import order_json
-from tests.e2e.conftest import processed, wait_until
+from tests.e2e.conftest import ACTIONS, processed, wait_until
+
+A = Kind.ACTION.value
+STEPS = ("reserve", "charge", "ship")
 
 
-def test_happy_path_and_transient_faults_are_processed_once(stack):
+def assert_processed_once(stack, order_ids) -> None:
+    """Each step's action applied exactly once per order at its service; nothing undone."""
+    effects = stack.assert_remote_clean()
+    for service, action in ACTIONS.items():
+        assert stack.applied(service) == {order_id: [action] for order_id in order_ids}, service
+        assert effects["services"][service]["undone"] == {}, service
+    assert effects["total"] == 3 * len(order_ids)
+
+
+def test_happy_path_and_transient_faults_are_processed_once(stack, reply_queue):
+    # t-2: every service fails its first three calls for t-2 (each service has its own copy of the script).
     stack.remote.set_faults(script={"t-2": ["transient", "drop", "throttle"]}, retry_after_seconds=1)
-    stack.emulator.declare_queue("replies-t1")
-    stack.start_hosts()
-    stack.send([("t-1", order_json("t-1"))], reply_to="replies-t1")
+    stack.start_hosts(STEP_TIMEOUT_SECONDS="4")  # room for the agent's retries, Retry-After included
+    stack.send([("t-1", order_json("t-1"))], reply_to=reply_queue)
     stack.send([("t-2", order_json("t-2"))])
-    states = stack.wait_terminal(["t-1", "t-2"], timeout=30)
+
+    states = stack.wait_closed(["t-1", "t-2"], timeout=40)
     assert processed(states) == 2
-    assert stack.remote.effects()["by_order"] == {"t-1": 1, "t-2": 1}
-    assert [e["status"] for e in stack.statuses("replies-t1", 3)] == ["received", "processing", "processed"]
+    assert_processed_once(stack, ["t-1", "t-2"])
+    for order_id in ("t-1", "t-2"):
+        lines = stack.lines(order_id)
+        assert {key: line.state.value for key, line in lines.items()} == {(step, A): "Done" for step in STEPS}
+        assert all(lines[(step, A)].result["confirmation"].startswith("cnf-") for step in STEPS)
+    assert stack.remote.effects()["faults"]["transient"] == 3  # each service's first call for t-2
+    assert stack.events(reply_queue) == [
+        ("received", None), ("processing", "reserve"), ("processing", "charge"), ("processing", "ship"),
+        ("processed", None),
+    ]
     assert services().store.active_ids() == []
 
 
-def test_permanent_fault_is_error_with_an_alert_and_a_failed_event(stack):
-    stack.remote.set_faults(script={"p-1": ["always:permanent"]})
-    stack.emulator.declare_queue("replies-p1")
-    stack.start_hosts()
-    stack.send([("p-1", order_json("p-1"))], reply_to="replies-p1")
-    states = stack.wait_terminal(["p-1"], timeout=30)
-    assert states["p-1"].process_state is ProcessState.ERROR and "422" in states["p-1"].last_error
-    assert [a["order_id"] for a in stack.alerts(1)] == ["p-1"]
-    assert stack.statuses("replies-p1", 3)[-1]["status"] == "failed"
-    assert stack.remote.effects()["total"] == 0
-
-
 def test_lost_response_is_recovered_by_the_supervisor_with_one_effect(stack):
-    # The remote applies the step but answers after the deadline: the agent gives up
-    # and sends nothing; the supervisor resets the row and the re-run gets the first result.
-    stack.remote.set_faults(script={"l-1": ["slow"]}, slow_seconds=10)
+    # The remote applies the charge but answers after the deadline: the agent gives up and
+    # sends nothing; the supervisor resets the row, and the re-run asks the remote first
+    # (GET by idempotency key) and is settled with the first result.
+    stack.remote.set_faults(script={"l-1/charge": ["slow"]}, slow_seconds=10)
     stack.start_hosts(AGENT_MAX_CALLS="1")  # one call per attempt: no retry hides the lost answer
     stack.send([("l-1", order_json("l-1"))])
-    state = stack.wait_terminal(["l-1"], timeout=40)["l-1"]
+
+    state = stack.wait_closed(["l-1"], timeout=40)["l-1"]
     assert state.process_state is ProcessState.PROCESSED
-    assert state.failure_count == 1 and state.attempt == 2
-    assert stack.remote.effects()["by_order"] == {"l-1": 1}
+    charge = stack.lines("l-1")[("charge", A)]
+    assert (charge.failure_count, charge.attempt) == (1, 3) and state.attempt == 4
+    assert [(c.step, c.attempt) for c in stack.claims("l-1")] == [
+        ("reserve", 1), ("charge", 2), ("charge", 3), ("ship", 4),
+    ]
+    assert_processed_once(stack, ["l-1"])
+    payments = stack.remote.effects()["services"]["payments"]
+    assert payments["lookups"] == 1 and payments["by_key"] == {idempotency_key("l-1", "charge", "charge"): 1}
+    # Settled with the first answer, whose confirmation the remote derives from the key.
+    assert charge.result["confirmation"] == confirmation_for(idempotency_key("l-1", "charge", "charge"))
 
 
 def test_agent_killed_mid_call_is_recovered_on_another_host(stack):
-    stack.remote.set_faults(script={"k-1": ["slow"]}, slow_seconds=30)
+    # Killed while shipping (a step the remote cannot look up): the re-run sends the
+    # same key again and the remote replays its first answer.
+    stack.remote.set_faults(script={"k-1/ship": ["slow"]}, slow_seconds=30)
     (first,) = stack.start_hosts(STEP_TIMEOUT_SECONDS="5", REMOTE_CALL_TIMEOUT_SECONDS="10")
     stack.send([("k-1", order_json("k-1"))])
-    wait_until(lambda: stack.remote.effects()["in_flight"] >= 1, timeout=20, what="the agent's call to be in flight")
+    wait_until(lambda: stack.remote.effects()["services"]["shipping"]["in_flight"] >= 1, timeout=20,
+               what="the agent's ship call to be in flight")
     first.kill()
     stack.start_hosts()
-    state = stack.wait_terminal(["k-1"], timeout=40)["k-1"]
-    assert state.process_state is ProcessState.PROCESSED and state.attempt >= 2
-    assert stack.remote.effects()["by_order"] == {"k-1": 1}
+
+    state = stack.wait_closed(["k-1"], timeout=40)["k-1"]
+    assert state.process_state is ProcessState.PROCESSED
+    ships = [c for c in stack.claims("k-1") if c.step == "ship"]
+    assert len(ships) == 2 and ships[0].instance == first.instance_id != ships[1].instance
+    assert_processed_once(stack, ["k-1"])
+    assert stack.remote.effects()["services"]["shipping"]["replays"] >= 1
 
 
-def test_faults_beyond_the_threshold_end_in_error_and_are_not_retried(stack):
-    stack.remote.set_faults(script={"h-1": ["always:hang"]}, slow_seconds=30)
-    stack.start_hosts(MAX_FAILURES="2")
+def test_a_step_that_cannot_be_undone_ends_in_error_when_it_gives_up_and_is_not_retried(stack):
+    # Ship never answers. Its outcome is unknown and it has no undo: the order stops in
+    # Error for an operator, reserve and charge stay applied, and nothing moves any more.
+    stack.remote.set_faults(script={"h-1/ship": ["always:hang"]}, slow_seconds=30)
+    stack.start_hosts(MAX_FAILURES="2", AGENT_MAX_CALLS="1", REMOTE_CALL_TIMEOUT_SECONDS="2")
     stack.send([("h-1", order_json("h-1"))])
-    state = stack.wait_terminal(["h-1"], timeout=40)["h-1"]
-    assert state.process_state is ProcessState.ERROR and state.failure_count == 2
-    assert [a["order_id"] for a in stack.alerts(1)] == ["h-1"]
-    calls = stack.remote.effects()["calls"]
+
+    state = stack.wait_closed(["h-1"], timeout=40)["h-1"]
+    assert state.process_state is ProcessState.ERROR and "cannot be undone" in state.last_error
+    lines = stack.lines("h-1")
+    assert {key: line.state.value for key, line in lines.items()} == {
+        ("reserve", A): "Done", ("charge", A): "Done", ("ship", A): "Exhausted",
+    }
+    assert lines[("ship", A)].failure_count == 2
+    alerts = stack.all_alerts()
+    assert [a["order_id"] for a in alerts] == ["h-1"] and "ship" in alerts[0]["last_error"]
+    assert stack.remote.net("h-1") == {"inventory": {"reserve": 1}, "payments": {"charge": 1}}
+    assert stack.remote.effects()["undos"] == 0 and not any(c.kind != A for c in stack.claims("h-1"))
+    calls, record = stack.remote.effects()["calls"], stack.record("h-1")
     sweeps = len(stack.hosts[0].invocations("supervise"))
     # Two more supervisor periods: nothing moves any more.
     wait_until(lambda: len(stack.hosts[0].invocations("supervise")) >= sweeps + 2, timeout=10, what="two more sweeps")
-    assert stack.state("h-1") == state and stack.remote.effects()["calls"] == calls
+    assert stack.record("h-1") == record and stack.remote.effects()["calls"] == calls
+    stack.assert_remote_clean()
 
 
 def test_duplicate_order_messages(stack):
@@ -85,38 +125,49 @@ def test_duplicate_order_messages(stack):
     stack.send([("d-1-resend", order_json("d-1"))])
     # The same order id with other content is rejected and kept; the original stays.
     stack.send([("d-1-other", order_json("d-1", customer_id="mallory"))])
-    states = stack.wait_terminal(["d-1"], timeout=30)
+    states = stack.wait_closed(["d-1"], timeout=30)
     assert processed(states) == 1
     rejected = wait_until(lambda: services().rejections.list(), timeout=10, what="the conflicting order to be kept")
     assert [(r["MessageId"], "different content" in r["Reason"]) for r in rejected] == [("d-1-other", True)]
-    document, _ = services().store.read("d-1")
-    assert json.loads(document)["customer_id"] == "c-42"
+    assert '"customer_id":"c-42"' in stack.record("d-1").document
+
     def handled() -> list[str]:
         return sorted(i.details.split("message_id=")[1].split()[0] for i in stack.hosts[0].invocations("submit_order"))
 
     wait_until(lambda: len(handled()) >= 3, timeout=10, what="three submissions to be logged")
     assert handled() == ["d-1", "d-1-other", "d-1-resend"]
-    assert stack.remote.effects()["by_order"] == {"d-1": 1}
+    assert len(stack.claims("d-1")) == 3
+    assert_processed_once(stack, ["d-1"])
 
 
 def test_duplicate_and_stale_agent_responses_change_nothing(stack):
-    stack.start_hosts()
+    # Read each line's claim (the fence its request carries) while it runs: the charge
+    # and the ship are throttled once (Retry-After 2 s) to leave the time to read it.
+    stack.remote.set_faults(script={"r-1/charge": ["throttle"], "r-1/ship": ["throttle"]}, retry_after_seconds=2)
+    stack.start_hosts(STEP_TIMEOUT_SECONDS="4")
     stack.send([("r-1", order_json("r-1"))])
-    before = stack.wait_terminal(["r-1"], timeout=30)["r-1"]
+    charge = stack.capture("r-1", "charge")
+    ship = stack.capture("r-1", "ship")
+    stack.wait_closed(["r-1"], timeout=30)
+    before, calls = stack.record("r-1"), stack.remote.effects()["calls"]
+    assert before.state.process_state is ProcessState.PROCESSED
+    results = {line.step: line.result for line in before.lines}
+
     responses = [
-        AgentResponse(order_id="r-1", step=STEP, attempt=before.attempt, outcome=Outcome.FAILED_PERMANENT, error="dup"),
-        AgentResponse(order_id="r-1", step=STEP, attempt=before.attempt - 1, outcome=Outcome.SUCCEEDED),
-        AgentResponse(order_id="r-1", step=STEP, attempt=before.attempt + 5, outcome=Outcome.SUCCEEDED),
+        stack.response(charge, Outcome.SUCCEEDED, result=results["charge"]),  # the charge's answer again
+        stack.response(charge, Outcome.FAILED_PERMANENT, error="HTTP 422: late refusal"),  # stale
+        stack.response(ship, Outcome.SUCCEEDED, result=results["ship"]),  # the last answer again
+        stack.response(ship, Outcome.FAILED_PERMANENT, error="HTTP 422: late refusal"),
+        stack.response(ship, Outcome.POSTPONED, error="shipping unavailable", retry_after_seconds=1.0),
+        stack.response(ship, Outcome.FAILED_PERMANENT, attempt=ship.state.attempt + 5),  # a future attempt
     ]
-    with ServiceBusClient.from_connection_string(stack.connection_string) as client:
-        with client.get_queue_sender(stack.settings["AGENT_RESPONSES_QUEUE"]) as sender:
-            sender.send_messages([ServiceBusMessage(r.model_dump_json(), content_type="application/json") for r in responses])
-    wait_until(
-        lambda: stack.emulator.message_counts(stack.settings["AGENT_RESPONSES_QUEUE"]) == {"active": 0, "dead_letter": 0, "scheduled": 0, "locked": 0}
-        and len([i for i in stack.hosts[0].invocations("complete_step") if i.succeeded]) >= 4,
-        timeout=20, what="the three extra responses to be handled",
-    )
-    assert stack.state("r-1") == before
+    stack.send_responses(responses)
+    wait_until(lambda: stack.ignored("r-1") >= len(responses), timeout=15, what="the extra responses to be ignored")
+    wait_until(lambda: stack.waiting(stack.settings["AGENT_RESPONSES_QUEUE"]) == 0, timeout=10,
+               what="the responses queue to be empty")
+    assert stack.record("r-1") == before  # the state row (its ETag too) and the step rows
+    assert stack.remote.effects()["calls"] == calls
+    assert_processed_once(stack, ["r-1"])
 
 
 def test_two_hosts_compete_on_300_orders_with_transient_faults(stack, report_figure):
@@ -124,37 +175,42 @@ def test_two_hosts_compete_on_300_orders_with_transient_faults(stack, report_fig
     hosts = stack.start_hosts(2, STEP_TIMEOUT_SECONDS="15", PENDING_TIMEOUT_SECONDS="15")
     ids = [f"c-{i:03d}" for i in range(300)]
     stack.send([(order_id, order_json(order_id)) for order_id in ids])
-    states = stack.wait_terminal(ids, timeout=240)
+    states = stack.wait_closed(ids, timeout=300)
     claims = _claims(stack)
     double = sum(1 for holders in claims.values() if len(holders) > 1)
     effects = stack.remote.effects()
-    shares = [len(h.invocations("schedule_order")) for h in hosts]
+    by_instance = Counter(claim.instance for claim in stack.claims())
+    shares = [by_instance[host.instance_id] for host in hosts]
     report_figure(
-        f"two hosts, 300 orders, 10% transient: {processed(states)} Processed, {effects['total']} effects, "
-        f"{double} double claims, claims per host {shares}"
+        f"two hosts, 300 three-step orders, 10% transient: {processed(states)} Processed, {effects['total']} effects "
+        f"({effects['faults']['transient']} transient faults), {double} double claims, {len(claims)} claims, "
+        f"claims per host {shares}"
     )
     assert processed(states) == 300
-    assert effects["total"] == 300 and set(effects["by_order"].values()) == {1}
-    assert double == 0 and len(claims) >= 300
+    assert_processed_once(stack, ids)
+    assert double == 0 and len(claims) >= 900
     assert all(share > 0 for share in shares)
 
 
 def test_two_supervisors_handle_each_expired_row_once(stack):
     ids = [f"s-{i:02d}" for i in range(20)]
-    stack.remote.set_faults(script={order_id: ["hang"] for order_id in ids}, slow_seconds=30)
-    stack.start_hosts(2, AGENT_MAX_CALLS="1")  # the first attempt of each order times out
+    # The first reserve call of each order hangs: its first attempt times out.
+    stack.remote.set_faults(script={f"{order_id}/reserve": ["hang"] for order_id in ids}, slow_seconds=30)
+    stack.start_hosts(2, AGENT_MAX_CALLS="1", BREAKER_FAILURE_THRESHOLD="50")
     stack.send([(order_id, order_json(order_id)) for order_id in ids])
-    states = stack.wait_terminal(ids, timeout=60)
+    states = stack.wait_closed(ids, timeout=60)
     assert processed(states) == 20
-    assert {s.failure_count for s in states.values()} == {1}
+    for order_id in ids:
+        reserve = stack.lines(order_id)[("reserve", A)]
+        assert (reserve.failure_count, reserve.attempt) == (1, 2), order_id
     resets = re.findall(r"order (s-\d\d) reset for retry", stack.host_logs())
     assert sorted(resets) == sorted(ids)  # each expiry acted on once, by one of the two supervisors
-    assert stack.remote.effects()["total"] == 20
+    assert_processed_once(stack, ids)
 
 
 def _claims(stack) -> dict[tuple[str, int], set[str]]:
+    """Who claimed each (order, attempt): more than one instance would be a double claim."""
     found: dict[tuple[str, int], set[str]] = {}
-    for host in stack.hosts:
-        for order_id, attempt, instance in re.findall(r"order (\S+) attempt (\d+) claimed by (\S+)", host.log_text()):
-            found.setdefault((order_id, int(attempt)), set()).add(instance)
+    for claim in stack.claims():
+        found.setdefault((claim.order_id, claim.attempt), set()).add(claim.instance)
     return found

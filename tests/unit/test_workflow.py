@@ -483,3 +483,15 @@ def test_after_an_attempt_timed_out_the_agent_is_asked_to_settle_first_where_the
     w.answer()
     w.expire()
     assert (w.last.step, w.last.settle_first) == ("ship", False)  # shipping does not
+
+
+def test_the_alert_of_a_step_that_cannot_be_undone_names_the_step():
+    w = World()
+    w.submit()
+    w.answer()
+    w.answer()
+    for _ in range(3):
+        w.expire()
+    (alert,) = w.publisher.alerts
+    assert alert.step == "ship" and alert.failed_compensations == []
+    assert "step ship could not be completed and cannot be undone" in alert.reason
