@@ -1,4 +1,5 @@
-"""The ceiling: what each storage and messaging operation an order needs costs, raw.
+"""The ceiling: what each storage and messaging operation of a workflow step (and an
+order's fixed part) costs, raw.
 
 Every operation is issued with the SDK clients the app builds (``adapters.clients``:
 ``RequestsTransport(use_env_settings=False)`` for tables and queues, the app's
@@ -15,15 +16,19 @@ sizes, in the shape the app and its host use them:
 
 Each operation kind runs on its own (a barrier between kinds), for ``count`` operations
 or ``budget`` seconds, whichever comes first. The cost of a kind is wall time per
-operation with all workers busy; an order's cost is the sum over the minimal set of
-operations it needs (:data:`PER_ORDER`), and the ceiling is one over that. This adds
-up the kinds' costs, which is right when they compete for the same thing: here the
-two cores, shared by the client processes, Azurite and the Service Bus emulator.
+operation with all workers busy. A step's cost is the sum over the operations one step
+needs (``PER_STEP``: one transaction, two Service Bus messages); the ceiling in steps/s
+is one over that. An order adds a fixed part once (``PER_ORDER``: submission, the
+first claim, the nudge, the orders message, leaving the index), so with it a step
+costs its own operations plus the fixed part divided by the workflow's steps. This
+adds up the kinds' costs, which is right when they compete for the same thing: here
+the two cores, shared by the client processes, Azurite and the Service Bus emulator.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import statistics
 import threading
@@ -37,32 +42,41 @@ from enum import Enum
 from typing import Any, get_args
 
 from benchmarks.procstat import CpuMeter
+from core.workflow import CURRENT
 from devtools.stats import percentile
 
-#: (kind, label, operations per order on the app's minimal path).
-OPERATIONS: tuple[tuple[str, str, int], ...] = (
-    ("table.transaction", "table insert-transaction (order + state rows)", 1),
-    ("table.insert", "table insert, one entity (reference: not on the path)", 0),
-    ("table.read", "table point read (state row)", 0),
-    ("table.update", "table If-Match MERGE update (state row)", 2),
-    ("table.upsert", "table upsert (index row)", 1),
-    ("table.delete", "table delete (index row)", 1),
-    ("queue.send", "storage queue send (nudge)", 1),
-    ("queue.receive", "storage queue receive (pages of ≤16, per message)", 1),
-    ("queue.delete", "storage queue delete", 1),
-    ("sb.send", "Service Bus send (one message)", 3),
-    ("sb.receive", "Service Bus receive (peek-lock, one per call)", 3),
-    ("sb.complete", "Service Bus complete", 3),
+#: Steps of the workflow a new order runs (``core.workflow.CURRENT``).
+STEPS = len(CURRENT.steps)
+
+#: (kind, label, operations per step, operations per order once: its fixed part), on
+#: the app's path with no faults.
+OPERATIONS: tuple[tuple[str, str, int, int], ...] = (
+    ("table.transaction", "table insert-transaction (order + state rows)", 0, 1),
+    ("table.insert", "table insert, one entity (reference: not on the path)", 0, 0),
+    ("table.read", "table point read (state row; reference: not on the path)", 0, 0),
+    ("table.update", "table If-Match MERGE update (state row: the first claim)", 0, 1),
+    ("table.step", "table step transaction (state row If-Match MERGE + step row)", 1, 0),
+    ("table.upsert", "table upsert (index row)", 0, 1),
+    ("table.delete", "table delete (index row)", 0, 1),
+    ("queue.send", "storage queue send (nudge)", 0, 1),
+    ("queue.receive", "storage queue receive (pages of ≤16, per message)", 0, 1),
+    ("queue.delete", "storage queue delete", 0, 1),
+    ("sb.send", "Service Bus send (one message)", 2, 1),
+    ("sb.receive", "Service Bus receive (peek-lock, one per call)", 2, 1),
+    ("sb.complete", "Service Bus complete", 2, 1),
 )
-PER_ORDER = {kind: n for kind, _, n in OPERATIONS}
-PER_ORDER_WHY = (
-    "Operations per order on the app's path with no faults: submit = index upsert + one "
-    "transaction (order + state rows); schedule = one If-Match update (the nudge carries the "
-    "state snapshot and the document, so no read); agent = no storage; complete = one If-Match "
-    "update (the response echoes the claimed state) + index delete; one nudge sent, received and "
-    "deleted; three Service Bus messages (orders, agent-requests, agent-responses), each sent, "
-    "received and completed. The orders send is the submitter's. A point read and a single-entity "
-    "insert are measured for reference; neither is on the path."
+PER_STEP = {kind: n for kind, _, n, _ in OPERATIONS}
+PER_ORDER = {kind: n for kind, _, _, n in OPERATIONS}
+PER_STEP_WHY = (
+    f"Operations on the app's path with no faults. Per step: one entity-group transaction (the state row's "
+    f"If-Match MERGE that records the step and claims the next one, or ends the order, plus the step's row; no "
+    f"read: the agent echoes the fence, the order and the results so far) and two Service Bus messages (the "
+    f"request on `<remote>-requests`, the response on `agent-responses`), each sent, received and completed. "
+    f"Per order, once (its fixed part): submission = index upsert + one transaction (order + state rows); the "
+    f"first claim = one If-Match update (the nudge carries the state snapshot and the document, so no read); "
+    f"one nudge sent, received and deleted; the orders message sent (by the submitter), received and completed; "
+    f"the index row deleted once the order is Processed. A point read and a single-entity insert are measured "
+    f"for reference; neither is on the path. The workflow has {STEPS} steps."
 )
 RECEIVE_BATCH = 16
 
@@ -117,8 +131,9 @@ class KindResult:
 # --- in a worker process ---------------------------------------------------------------
 
 
-#: The ceiling's own table layout, shaped like the app's orders table (an order row and
-#: a state row per order, an index partition): its own rows, not the store's code.
+#: The ceiling's own table layout, shaped like the app's orders table (an order row, a
+#: state row and a row per ended step per order, an index partition): its own rows,
+#: not the store's code.
 ORDER_KEY, STATE_KEY, INDEX_PARTITION = "order", "state", "_active"
 
 
@@ -127,20 +142,40 @@ def _property(value: Any, annotation: Any) -> Any:
         return value.value
     if isinstance(value, tuple):
         return ",".join(str(v) for v in value)
+    if isinstance(value, dict):  # a step's result: one JSON string property
+        return json.dumps(value, separators=(",", ":"))
     if value is None:  # written, not left out, so a MERGE clears it
         return 0 if int in get_args(annotation) else ""
     return value
 
 
-def state_entity(state) -> dict[str, Any]:
-    """A state row with the app's properties: every field of the state model, by its
-    PascalCase name (``order_id`` -> ``OrderId``), datetimes as ``Edm.DateTime``."""
-    fields = type(state).model_fields
-    entity = {
+def _entity(model, exclude: set[str]) -> dict[str, Any]:
+    """Every field of a model by its PascalCase name (``order_id`` -> ``OrderId``),
+    datetimes as ``Edm.DateTime``."""
+    fields = type(model).model_fields
+    return {
         "".join(word.title() for word in name.split("_")): _property(value, fields[name].annotation)
-        for name, value in state.model_dump(exclude={"etag"}).items()
+        for name, value in model.model_dump(exclude=exclude).items()
     }
-    return {"PartitionKey": state.order_id, "RowKey": STATE_KEY, **entity}
+
+
+def state_entity(state) -> dict[str, Any]:
+    """A state row with the app's properties."""
+    return {"PartitionKey": state.order_id, "RowKey": STATE_KEY, **_entity(state, {"etag"})}
+
+
+def line_entity(line) -> dict[str, Any]:
+    """A step row (how one line of the workflow ended) with the app's properties."""
+    prefix = "step" if line.kind.value == "action" else "undo"
+    row_key = f"{prefix}-{line.step_index + 1:02d}-{line.step}"
+    return {"PartitionKey": line.order_id, "RowKey": row_key, **_entity(line, {"order_id"})}
+
+
+def _changes(before, after) -> dict[str, Any]:
+    """The properties a MERGE writes to move the state row from ``before`` to ``after``
+    (only those that differ, as the app's store writes it)."""
+    old = state_entity(before)
+    return {k: v for k, v in state_entity(after).items() if old.get(k) != v}
 
 
 class _Payloads:
@@ -148,35 +183,56 @@ class _Payloads:
 
     def __init__(self, defaults) -> None:
         from core import lifecycle
-        from core.models import AgentPolicy, AgentRequest, Context, Nudge, OrderRequest, idempotency_key, utcnow
-        from core.workflow import CURRENT
+        from core.models import (
+            AgentPolicy, AgentRequest, AgentResponse, Context, Nudge, OrderRequest, Outcome, idempotency_key, utcnow,
+        )
         from devtools.orders import order_body
 
         now = utcnow()
+        etag = 'W/"datetime\'2026-01-01T00%3A00%3A00.0000000Z\'"'
         order = OrderRequest.model_validate_json(order_body("bench-000000", 3))
         state = lifecycle.new_order(order.order_id, CURRENT, now, timedelta(seconds=30), None).model_copy(
-            update={"etag": 'W/"datetime\'2026-01-01T00%3A00%3A00.0000000Z\'"'}
+            update={"etag": etag}
         )
-        transition = lifecycle.claim(state, CURRENT, "benchhost-12345-abcdef", now, defaults)
+        # The claim and the step's end come a little later, as they do (new UpdatedAt, CompleteBy).
+        claimed_at, done_at = now + timedelta(milliseconds=10), now + timedelta(milliseconds=60)
+        transition = lifecycle.claim(state, CURRENT, "benchhost-12345-abcdef", claimed_at, defaults)
         assert transition is not None
-        claimed = transition.state
+        claimed = transition.state.model_copy(update={"etag": etag})
         self.document = order.document()
         self.order_row = {"RowKey": ORDER_KEY, "Document": self.document}
         self.state_row = state_entity(state)
-        # The claim is a MERGE of the properties that change, as the app's store writes it.
-        self.claim_changes = {k: v for k, v in state_entity(claimed).items() if self.state_row.get(k) != v}
+        # The first claim is a MERGE of the properties that change, as the app's store writes it.
+        self.claim_changes = _changes(state, claimed)
         self.nudge = Nudge(order_id=order.order_id, state=state, document=self.document).model_dump_json(
             exclude_none=True
         )
-        step = CURRENT.steps[claimed.step_index]
-        policy = step.policy.over(defaults)
+        # A step: the agent's response for step 1 records it and claims step 2 in one transaction.
+        first = CURRENT.steps[0]
+        result = {
+            "order_id": order.order_id, "step": first.name, "service": first.remote, "action": first.action,
+            "kind": "action", "confirmation": "cnf-0123456789abcdef0123", "applied_at": claimed_at.isoformat(),
+        }
+        context = Context(fence=claimed, order=order.model_dump(mode="json"))
+        response = AgentResponse(
+            order_id=order.order_id, step=first.name, kind=claimed.kind, attempt=claimed.attempt,
+            outcome=Outcome.SUCCEEDED, result=result, context=context,
+        )
+        step = lifecycle.complete(claimed, response, CURRENT, "benchhost-12345-abcdef", done_at, defaults)
+        assert step is not None and step.lines
+        self.step_changes = _changes(claimed, step.state)
+        self.step_row = line_entity(step.lines[0])
+        # Service Bus bodies: the request of a middle step (it carries the results so far);
+        # its response is the same context echoed, plus the remote's result.
+        nxt = CURRENT.steps[step.state.step_index]
+        policy = nxt.policy.over(defaults)
         self.request = AgentRequest(
-            order_id=order.order_id, step=step.name, kind=claimed.kind, action=step.action, remote=step.remote,
-            attempt=claimed.attempt, complete_by=claimed.complete_by,
-            idempotency_key=idempotency_key(order.order_id, step.name, step.action),
+            order_id=order.order_id, step=nxt.name, kind=step.state.kind, action=nxt.action, remote=nxt.remote,
+            attempt=step.state.attempt, complete_by=step.state.complete_by,
+            idempotency_key=idempotency_key(order.order_id, nxt.name, nxt.action),
             policy=AgentPolicy(max_calls=policy.agent_max_calls, backoff_initial=policy.agent_backoff_initial,
                                backoff_max=policy.agent_backoff_max),
-            context=Context(fence=claimed, order=order.model_dump(mode="json")),
+            context=Context(fence=step.state, order=order.model_dump(mode="json"), results={first.name: result}),
         ).model_dump_json()
 
 
@@ -193,7 +249,7 @@ class _Worker:
 
         self.spec = spec
         settings = Settings(
-            AzureWebJobsStorage=spec.storage, ServiceBusConnection=spec.servicebus, REMOTE_SERVICE_URL="http://127.0.0.1:9"
+            AzureWebJobsStorage=spec.storage, ServiceBusConnection=spec.servicebus
         )
         self.table = clients.table_service(settings).get_table_client(spec.table)
         self.queue = clients.queue_client(settings, spec.queue)
@@ -272,6 +328,24 @@ class _Worker:
                 mode=UpdateMode.MERGE, etag=row[1], match_condition=MatchConditions.IfNotModified,
             )
             row[1] = metadata["etag"]
+
+        return self._loop(list(self.rows[thread][:count]), deadline, call)
+
+    def _table_step(self, thread: int, count: int, deadline: float):
+        """A step's transaction: the state row's If-Match MERGE and the step's row, in one
+        entity-group transaction (as the app's store writes a step's end and the next claim)."""
+        from azure.core import MatchConditions
+        from azure.data.tables import UpdateMode
+
+        p = self.payloads
+
+        def call(row: list[Any]) -> None:
+            guard = {"mode": UpdateMode.MERGE, "etag": row[1], "match_condition": MatchConditions.IfNotModified}
+            result = self.table.submit_transaction([
+                ("update", {**p.step_changes, "PartitionKey": row[0], "RowKey": STATE_KEY}, guard),
+                ("upsert", {**p.step_row, "PartitionKey": row[0]}, {"mode": UpdateMode.REPLACE}),
+            ])
+            row[1] = result[0]["etag"]
 
         return self._loop(list(self.rows[thread][:count]), deadline, call)
 
@@ -464,23 +538,44 @@ def measure(
     return results
 
 
-def orders_per_second(results: dict[str, KindResult]) -> float | None:
-    """One over the cost of an order's minimal set of operations."""
+def cost_ms(results: dict[str, KindResult], weights: dict[str, int]) -> float | None:
+    """Wall milliseconds of a set of operations (kind -> how many), from each kind's cost
+    with every worker busy; None if a kind was not measured."""
     total_ms = 0.0
-    for kind, n in PER_ORDER.items():
+    for kind, n in weights.items():
         if not n:
             continue
         result = results.get(kind)
         if result is None or result.cost_ms is None:
             return None
         total_ms += n * result.cost_ms
-    return 1000.0 / total_ms if total_ms else None
+    return total_ms
 
 
-def cpu_per_order_ms(results: dict[str, KindResult]) -> dict[str, float] | None:
-    """CPU milliseconds per order, by who spends them (client, azurite, servicebus)."""
+def steps_per_second(results: dict[str, KindResult]) -> float | None:
+    """The ceiling in steps/s: one over the cost of one step's operations."""
+    step = cost_ms(results, PER_STEP)
+    return 1000.0 / step if step else None
+
+
+def orders_per_second(results: dict[str, KindResult]) -> float | None:
+    """Whole orders/s: one over an order's fixed part plus its steps."""
+    fixed, step = cost_ms(results, PER_ORDER), cost_ms(results, PER_STEP)
+    if fixed is None or step is None or not fixed + STEPS * step:
+        return None
+    return 1000.0 / (fixed + STEPS * step)
+
+
+def order_steps_per_second(results: dict[str, KindResult]) -> float | None:
+    """Steps/s when every order's fixed part is paid too (spread over its steps)."""
+    orders = orders_per_second(results)
+    return None if orders is None else orders * STEPS
+
+
+def cpu_ms(results: dict[str, KindResult], weights: dict[str, int]) -> dict[str, float] | None:
+    """CPU milliseconds of a set of operations, by who spends them (client, azurite, servicebus)."""
     totals: dict[str, float] = {"client": 0.0, "azurite": 0.0, "servicebus": 0.0}
-    for kind, n in PER_ORDER.items():
+    for kind, n in weights.items():
         if not n:
             continue
         result = results.get(kind)

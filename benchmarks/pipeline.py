@@ -1,10 +1,12 @@
-"""The whole app on the local stack: throughput, latency, operations per order, idle cost.
+"""The whole app on the local stack: throughput, latency, operations per step, idle cost.
 
-Orders are sent to the ``orders`` queue like any client sends them; an order is done
-when its state row is Processed. Times come from one clock: the send time taken here,
-and the Processed row's commit time (set by Azurite when it committed the write; read
-from the row's ETag, see :func:`processed_at`). Order state is read through the app's
-store (:class:`adapters.store.StateStore`), never from the row layout.
+Orders are sent to the ``orders`` queue like any client sends them; each runs the
+workflow's steps (``core.workflow.CURRENT``) and is done when its state row is
+Processed. Times come from one clock: the send time taken here, the Processed row's
+commit time (set by Azurite when it committed the write; read from the row's ETag, see
+:func:`processed_at`) and the step rows' ``UpdatedAt`` (the scheduler's clock when it
+recorded the step, on this machine too). Order state is read through the app's store
+(:class:`adapters.store.StateStore`), never from the row layout.
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ from urllib.parse import unquote
 from adapters.store import StateStore
 from benchmarks.procstat import CpuMeter
 from benchmarks.stack import BenchStack, OrderSender
-from core.models import OrderState, ProcessState
+from core import names
+from core.models import LineState, OrderState, ProcessState
+from core.workflow import CURRENT, Kind, remotes
 from devtools.stats import percentile
+
+#: Steps of the workflow every order of a run goes through.
+STEPS = len(CURRENT.steps)
 
 
 class Timeout(RuntimeError):
@@ -46,15 +53,33 @@ class RunResult:
     #: Function invocations that took 5 s or more (from the host logs), by function.
     slow_invocations: dict[str, int] = field(default_factory=dict)
     slowest_ms: int = 0
+    #: Per-step hops (seconds): one step's row UpdatedAt to the next step's, within an order.
+    hops: list[float] = field(default_factory=list)
+    #: Send -> the first step recorded (the orders hop, submission, the nudge, the claim, step 1).
+    to_first_step: list[float] = field(default_factory=list)
 
     @property
     def per_second(self) -> float | None:
         return self.processed / self.seconds if self.seconds else None
 
     @property
+    def steps(self) -> int:
+        """Steps done by the Processed orders (each ran every step of the workflow once)."""
+        return self.processed * STEPS
+
+    @property
+    def steps_per_second(self) -> float | None:
+        return self.steps / self.seconds if self.seconds else None
+
+    @property
     def per_second_99(self) -> float | None:
         """Orders/s to the 99th percentile of completions: what stragglers do not skew."""
         return 0.99 * self.orders / self.seconds_99 if self.seconds_99 else None
+
+    @property
+    def steps_per_second_99(self) -> float | None:
+        per_second = self.per_second_99
+        return None if per_second is None else per_second * STEPS
 
     def percentile(self, q: int, values: list[float] | None = None) -> float | None:
         return percentile(self.latencies if values is None else values, q)
@@ -72,15 +97,17 @@ def in_flight(store: StateStore, prefix: str) -> int:
 
 def wait_done(stack: BenchStack, store: StateStore, prefix: str, count: int, effects_before: int, *, timeout: float,
               interval: float = 0.25, progress=None) -> bool:
-    """Until every order of the run is finished (its remote effect applied, then out of the
-    active index). Polls the fake remote's in-process counter first (free), the index
-    partition only at the end, so the poll costs the stack next to nothing."""
+    """Until every order of the run is finished (every step's remote effect applied, then
+    out of the active index). Polls the fake remote's in-process counter first (free), the
+    index partition only at the end, so the poll costs the stack next to nothing.
+    ``progress`` is called with the steps done so far (of ``count`` x :data:`STEPS`)."""
     deadline = time.monotonic() + timeout
+    steps = count * STEPS
     while True:
         done = stack.remote.effects()["total"] - effects_before
         if progress is not None:
-            progress(min(done, count))
-        if done >= count:
+            progress(min(done, steps))
+        if done >= steps:
             break
         if time.monotonic() > deadline:
             return False
@@ -134,7 +161,36 @@ def _finish(result: RunResult, store: StateStore, prefix: str, sent: dict[str, f
         result.seconds_99 = done_at[needed - 1] - first_send
 
 
+def step_times(store: StateStore, order_ids: list[str]) -> dict[str, list[float]]:
+    """When each order's steps were recorded (epoch seconds, in workflow order): the
+    ``UpdatedAt`` of its step rows, set by the scheduler as it recorded the step (and, in
+    the same transaction, claimed the next one). One partition read per order."""
+    times: dict[str, list[float]] = {}
+    for order_id in order_ids:
+        lines = sorted(
+            (line for line in store.read(order_id).lines if line.kind is Kind.ACTION and line.state is LineState.DONE),
+            key=lambda line: line.step_index,
+        )
+        times[order_id] = [line.updated_at.timestamp() for line in lines]
+    return times
+
+
+def add_step_hops(result: RunResult, store: StateStore, prefix: str, sent: dict[str, float]) -> None:
+    """The per-step hops of the run's Processed orders (see :func:`step_times`)."""
+    rows = state_rows(store, prefix)
+    processed = ProcessState.PROCESSED
+    done = [order_id for order_id in sent if order_id in rows and rows[order_id].process_state is processed]
+    for order_id, times in step_times(store, done).items():
+        if times:
+            result.to_first_step.append(times[0] - sent[order_id])
+        result.hops += [b - a for a, b in zip(times, times[1:])]
+    result.hops.sort()
+    result.to_first_step.sort()
+
+
 _EXECUTED = re.compile(r"Executed 'Functions\.([^']+)' \((?:Succeeded|Failed), Id=[^,]+, Duration=(\d+)ms\)")
+#: The agents' durations are the remote service's: not counted as stalls.
+AGENT_FUNCTIONS = frozenset(names.agent_function(remote) for remote in remotes())
 
 
 def slow_invocations(logs: list[Path], offsets: list[int], threshold_ms: int = 5000) -> tuple[Counter[str], int]:
@@ -146,7 +202,7 @@ def slow_invocations(logs: list[Path], offsets: list[int], threshold_ms: int = 5
             handle.seek(offset)
             text = handle.read().decode("utf-8", "replace")
         for match in _EXECUTED.finditer(text):
-            if match[1] == "run_agent":
+            if match[1] in AGENT_FUNCTIONS:
                 continue  # the agent's duration is the remote service's
             duration = int(match[2])
             slowest = max(slowest, duration)
@@ -166,7 +222,7 @@ def warm_up(stack: BenchStack, sender: OrderSender, prefix: str, count: int = 20
 
 def throughput(stack: BenchStack, sender: OrderSender, prefix: str, count: int, *, timeout: float,
                progress=None) -> RunResult:
-    """Send ``count`` orders at once; orders/s from the first send to the last Processed."""
+    """Send ``count`` orders at once; orders/s and steps/s from the first send to the last Processed."""
     store = StateStore(stack.table())
     ids = [f"{prefix}{i:05d}" for i in range(count)]
     result = RunResult(count)
@@ -190,7 +246,8 @@ def throughput(stack: BenchStack, sender: OrderSender, prefix: str, count: int, 
 
 def steady(stack: BenchStack, sender: OrderSender, prefix: str, *, rate: float, seconds: float, timeout: float,
            progress=None) -> RunResult:
-    """One order every 1/rate seconds for ``seconds``; latency of each, send -> Processed."""
+    """One order every 1/rate seconds for ``seconds``; latency of each, send -> Processed,
+    and of each step hop (:func:`add_step_hops`)."""
     store = StateStore(stack.table())
     count = max(1, int(rate * seconds))
     result = RunResult(count)
@@ -208,6 +265,7 @@ def steady(stack: BenchStack, sender: OrderSender, prefix: str, *, rate: float, 
             progress(i + 1)
     wait_done(stack, store, prefix, count, effects_before, timeout=timeout)
     _finish(result, store, prefix, sent, first_send)
+    add_step_hops(result, store, prefix, sent)
     return result
 
 

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from adapters.store import StateStore
-from benchmarks import ceiling, pipeline, recovery
+from benchmarks import azurite_log, ceiling, pipeline, recovery
 from benchmarks.azurite_log import FRIENDLY, AzuriteLog, service_of
 from benchmarks.machine import describe
 from benchmarks.procstat import OtherLoad
@@ -33,6 +33,7 @@ from benchmarks.report import Report, Section, soak_section
 from benchmarks.stack import BenchStack, OrderSender
 from benchmarks.sweep import IN_FLIGHT, SweepBench
 from core import names
+from core.workflow import remotes
 from devtools.paths import ROOT
 
 PHASES = ("ceiling", "sweep", "latency", "pipeline", "recovery", "idle", "ops")
@@ -51,13 +52,19 @@ class Plan:
     transport_reads: int = 400
     sweep_history: tuple[int, ...] = (0, 10_000)
     sweep_repeats: int = 5
-    pipeline_orders: int = 1000
-    pipeline_timeout: float = 240.0
-    latency_rate: float = 10.0
-    latency_seconds: float = 30.0
+    #: Orders sent at once (each runs every step of the workflow).
+    pipeline_orders: int = 600
+    pipeline_timeout: float = 300.0
+    #: Host processes the pipeline runs with, one after the other (each adds one host).
+    pipeline_hosts: tuple[int, ...] = (1, 2)
+    #: A light load: orders/s (each of several steps) well below one host's throughput.
+    latency_rate: float = 3.0
+    latency_seconds: float = 40.0
     idle_seconds: float = 60.0
     ops_orders: int = 200
     recovery_trials: int = 3
+    #: Orders through a stack's hosts before anything is measured (links and connections open).
+    warm_up_orders: int = 20
 
     @classmethod
     def quick(cls) -> Plan:
@@ -116,9 +123,9 @@ class Runner:
                 with self._stack("app", hosts=1) as stack:
                     sender = OrderSender(stack.servicebus_connection_string)
                     try:
-                        pipeline.warm_up(stack, sender, "warm1-")
+                        pipeline.warm_up(stack, sender, "warm1-", count=self.plan.warm_up_orders)
                         if "latency" in wanted:
-                            self._phase("latency", "Latency at a light steady load", self._latency, stack, sender)
+                            self._phase("latency", "Latency per step at a light load", self._latency, stack, sender)
                         if "pipeline" in wanted:
                             self._phase("pipeline", "Pipeline throughput", self._pipeline, stack, sender)
                         if "recovery" in wanted:
@@ -130,12 +137,12 @@ class Runner:
                 with self._stack("counted", hosts=1, azurite_debug_log=debug_log) as stack:
                     sender = OrderSender(stack.servicebus_connection_string)
                     try:
-                        pipeline.warm_up(stack, sender, "warm-")
+                        pipeline.warm_up(stack, sender, "warm-", count=self.plan.warm_up_orders)
                         log = AzuriteLog(debug_log)
                         if "idle" in wanted:
                             self._phase("idle", "Idle cost", self._idle, stack, log)
                         if "ops" in wanted:
-                            self._phase("ops", "Operations per order", self._ops, stack, sender, log)
+                            self._phase("ops", "Operations per step and per order", self._ops, stack, sender, log)
                     finally:
                         sender.close()
         self.report.machine["duration"] = f"{time.monotonic() - started:.0f} s"
@@ -200,7 +207,7 @@ class Runner:
 
     def _ceiling(self, section: Section, stack: BenchStack) -> None:
         plan = self.plan
-        kinds = tuple(kind for kind, _, _ in ceiling.OPERATIONS)
+        kinds = tuple(kind for kind, *_ in ceiling.OPERATIONS)
         section.intro = ceiling.__doc__.split("\n\n", 1)[1].strip()
         tick = self._counter("ceiling: one client, one thread", len(kinds))
         serial = ceiling.measure(
@@ -215,38 +222,55 @@ class Runner:
         )
         self.results["ceiling"] = parallel
         rows = []
-        for kind, label, per_order in ceiling.OPERATIONS:
+        for kind, label, per_step, per_order in ceiling.OPERATIONS:
             s, p = serial[kind], parallel[kind]
             rows.append([
-                label, per_order, s.latency(50), s.per_second, p.per_second, p.cost_ms,
+                label, per_step, per_order, s.latency(50), s.per_second, p.per_second, p.cost_ms,
                 p.cpu_ms("client"), p.cpu_ms("azurite"), p.cpu_ms("servicebus"), p.errors + s.errors,
             ])
         section.table(
             "operations",
-            ["operation", "per order", "1 thread: p50 ms", "1 thread: ops/s", f"{processes}×{threads}: ops/s",
-             f"{processes}×{threads}: ms/op", "client CPU ms/op", "Azurite CPU ms/op", "emulator CPU ms/op", "errors"],
+            ["operation", "per step", "per order (fixed part)", "1 thread: p50 ms", "1 thread: ops/s",
+             f"{processes}×{threads}: ops/s", f"{processes}×{threads}: ms/op", "client CPU ms/op",
+             "Azurite CPU ms/op", "emulator CPU ms/op", "errors"],
             rows,
-            note=ceiling.PER_ORDER_WHY,
+            note=ceiling.PER_STEP_WHY,
         )
-        best = ceiling.orders_per_second(parallel)
-        one = ceiling.orders_per_second(serial)
+        steps = ceiling.STEPS
+        best = ceiling.steps_per_second(parallel)
         section.figure(
-            "orders_per_s", f"ceiling, {processes} processes × {threads} threads (the pipeline's reference)", best,
-            "orders/s",
+            "steps_per_s", f"ceiling: one step's operations, {processes} processes × {threads} threads "
+            "(the pipeline's reference)", best, "steps/s",
         )
-        section.figure("orders_per_s_serial", "ceiling, one client doing one operation at a time", one, "orders/s")
-        cpu = ceiling.cpu_per_order_ms(parallel)
-        if cpu:
-            total = sum(cpu.values())
+        section.figure("steps_per_s_serial", "ceiling: one step's operations, one client doing one at a time",
+                       ceiling.steps_per_second(serial), "steps/s")
+        orders = ceiling.orders_per_second(parallel)
+        section.figure(
+            "order_steps_per_s", f"ceiling with every order's fixed part too ({steps} steps per order), "
+            f"{processes}×{threads}", ceiling.order_steps_per_second(parallel), "steps/s",
+            note=f"{orders:.1f} orders/s" if orders else "",
+        )
+        section.figure("step_ms", f"wall time of one step's operations, {processes}×{threads}",
+                       ceiling.cost_ms(parallel, ceiling.PER_STEP), "ms")
+        section.figure("order_fixed_ms", f"wall time of an order's fixed part, {processes}×{threads}",
+                       ceiling.cost_ms(parallel, ceiling.PER_ORDER), "ms")
+        cores = float(self.report.machine.get("cores") or 1)
+        cpu_step, cpu_fixed = ceiling.cpu_ms(parallel, ceiling.PER_STEP), ceiling.cpu_ms(parallel, ceiling.PER_ORDER)
+        if cpu_step and cpu_fixed:
+            step_total, fixed_total = sum(cpu_step.values()), sum(cpu_fixed.values())
             section.figure(
-                "cpu_ms_per_order", "CPU per order on the minimal path (client + Azurite + emulator)", total, "ms",
-                note=", ".join(f"{who} {value:.1f}" for who, value in cpu.items()),
+                "cpu_ms_per_step", "CPU per step (client + Azurite + emulator)", step_total, "ms",
+                note=", ".join(f"{who} {value:.1f}" for who, value in cpu_step.items()),
             )
-            cores = float(self.report.machine.get("cores") or 1)
-            self.results["cpu_bound"] = cores * 1000 / total
-            self.results["cpu_per_order"] = total
-            section.figure("cpu_bound_orders_per_s", f"CPU bound: {cores:.0f} cores / CPU per order (no waiting at all)",
-                           cores * 1000 / total, "orders/s")
+            section.figure(
+                "cpu_ms_per_order_fixed", "CPU of an order's fixed part (client + Azurite + emulator)", fixed_total,
+                "ms", note=", ".join(f"{who} {value:.1f}" for who, value in cpu_fixed.items()),
+            )
+            # What the stack's CPU per step is compared with: a step plus its share of the fixed part.
+            self.results["cpu_per_step_in_order"] = step_total + fixed_total / steps
+            self.results["cpu_bound"] = cores * 1000 / step_total
+            section.figure("cpu_bound_steps_per_s", f"CPU bound: {cores:.0f} cores / CPU per step (no waiting at all)",
+                           cores * 1000 / step_total, "steps/s")
         # If-Match updates: threads in one process vs processes.
         study_rows = []
         for processes, threads in plan.study:
@@ -294,7 +318,8 @@ class Runner:
                     tick = self._counter(f"sweep: writing finished orders up to {history:,}", add)
                     seconds = bench.add_history(add, progress=tick)
                     section.notes.append(
-                        f"{add:,} finished orders written in {seconds:.0f} s ({add / seconds:.0f} transactions/s)."
+                        f"{add:,} finished orders written in {seconds:.0f} s ({add / seconds:.0f} transactions/s, "
+                        f"{sweep_module.FINISHED_ROWS} rows each)."
                     )
                 self._status(f"sweep: measuring beside {history:,} finished orders")
                 points.append(bench.measure(self.plan.sweep_repeats))
@@ -339,82 +364,108 @@ class Runner:
 
     def _latency(self, section: Section, stack: BenchStack, sender: OrderSender) -> None:
         plan = self.plan
+        steps = pipeline.STEPS
         count = int(plan.latency_rate * plan.latency_seconds)
         tick = self._counter(f"latency: {plan.latency_rate:g} orders/s for {plan.latency_seconds:g} s (1 host)", count)
         result = pipeline.steady(
             stack, sender, "lat-", rate=plan.latency_rate, seconds=plan.latency_seconds, timeout=120, progress=tick
         )
-        p50 = result.percentile(50)
-        section.figure("p50", "p50 submission → Processed", p50, "s",
-                       target="≤ 0.5 s", met=p50 <= 0.5 if p50 is not None else None)
-        section.figure("p95", "p95", result.percentile(95), "s")
-        section.figure("p99", "p99", result.percentile(99), "s")
+        hop = result.percentile(50, result.hops)
+        section.figure("hop_p50", "p50 step hop (one step recorded → the next recorded)", hop, "s",
+                       target="≤ 0.1 s", met=hop <= 0.1 if hop is not None else None)
+        section.figure("hop_p95", "p95 step hop", result.percentile(95, result.hops), "s")
+        section.figure("hop_p99", "p99 step hop", result.percentile(99, result.hops), "s")
+        section.figure("hops", "step hops measured", len(result.hops), "")
+        section.figure("first_step_p50", "p50 submission → first step recorded (orders queue, submit_order, nudge, "
+                       "claim, step 1)", result.percentile(50, result.to_first_step), "s")
+        section.figure("p50", f"p50 submission → Processed ({steps} steps)", result.percentile(50), "s")
+        section.figure("p95", "p95 submission → Processed", result.percentile(95), "s")
+        section.figure("p99", "p99 submission → Processed", result.percentile(99), "s")
         section.figure("to_created_p50", "p50 submission → state row written (orders queue + submit_order)",
                        result.percentile(50, result.to_created), "s")
         section.figure("processed", "orders Processed", f"{result.processed} / {result.orders}")
         section.intro = (
-            f"{count} orders sent one by one at {plan.latency_rate:g} orders/s to one host; latency is from the send "
-            "to the commit of the Processed row (its Timestamp), both on this machine's clock."
+            f"{count} orders sent one by one at {plan.latency_rate:g} orders/s ({plan.latency_rate * steps:g} steps/s) "
+            f"to one host. A *step hop* is the time from one step's row being recorded to the next step's, within an "
+            f"order ({steps - 1} hops per order): the step-rows' UpdatedAt, the scheduler's clock as it recorded each "
+            "step (and claimed the next in the same transaction). A hop is the transaction, the request to the next "
+            "remote's agent, the remote call, the response and its pickup by the scheduler. Submission → Processed "
+            "is from the send here to the commit of the Processed row (its Timestamp), all on this machine's clock."
         )
 
     def _pipeline(self, section: Section, stack: BenchStack, sender: OrderSender) -> None:
         plan = self.plan
         ceiling_results = self.results.get("ceiling")
-        best = ceiling.orders_per_second(ceiling_results) if ceiling_results else None
+        best = ceiling.steps_per_second(ceiling_results) if ceiling_results else None
+        like = ceiling.order_steps_per_second(ceiling_results) if ceiling_results else None
+        steps = pipeline.STEPS
         rows = []
-        for hosts in (1, 2):
-            if hosts == 2:
-                self._status("pipeline: starting a second host")
-                stack.start_hosts(1)
-                pipeline.warm_up(stack, sender, "warm2-")
-            tick = self._counter(f"pipeline: {plan.pipeline_orders} orders, {hosts} host(s)", plan.pipeline_orders)
+        for hosts in plan.pipeline_hosts:
+            if hosts > len(stack.alive_hosts()):
+                self._status(f"pipeline: starting {hosts - len(stack.alive_hosts())} more host(s)")
+                stack.start_hosts(hosts - len(stack.alive_hosts()))
+                pipeline.warm_up(stack, sender, f"warm{hosts}-", count=self.plan.warm_up_orders)
+            tick = self._counter(f"pipeline: {plan.pipeline_orders} orders × {steps} steps, {hosts} host(s)",
+                                 plan.pipeline_orders * steps)
             result = pipeline.throughput(stack, sender, f"run{hosts}-", plan.pipeline_orders,
                                          timeout=plan.pipeline_timeout, progress=tick)
             key = f"{hosts}_host" + ("s" if hosts > 1 else "")
-            section.figure(f"throughput.{key}", f"throughput, {hosts} host process{'es' if hosts > 1 else ''}",
-                           result.per_second, "orders/s", note=f"{result.processed}/{result.orders} Processed")
-            section.figure(f"throughput_99.{key}", f"throughput to 99% of the orders, {hosts} host{'s' if hosts > 1 else ''}",
-                           result.per_second_99, "orders/s", note="a few stragglers do not count")
-            ratio = result.per_second / best if best and result.per_second else None
-            section.figure(f"ratio.{key}", f"{hosts} host{'s' if hosts > 1 else ''} / ceiling", ratio, "",
+            hosts_text = f"{hosts} host{'s' if hosts > 1 else ''}"
+            section.figure(f"steps_per_s.{key}", f"throughput, {hosts} host process{'es' if hosts > 1 else ''}",
+                           result.steps_per_second, "steps/s",
+                           note=f"{result.per_second or 0:.1f} orders/s; {result.processed}/{result.orders} Processed")
+            section.figure(f"steps_per_s_99.{key}", f"throughput to 99% of the orders, {hosts_text}",
+                           result.steps_per_second_99, "steps/s", note="a few stragglers do not count")
+            ratio = result.steps_per_second / best if best and result.steps_per_second else None
+            section.figure(f"ratio.{key}", f"{hosts_text} / ceiling of one step's operations", ratio, "",
                            target="≥ 0.5", met=(ratio >= 0.5) if ratio is not None else None)
+            like_ratio = result.steps_per_second / like if like and result.steps_per_second else None
+            section.figure(f"ratio_with_fixed.{key}", f"{hosts_text} / ceiling with each order's fixed part "
+                           "(like for like)", like_ratio, "", target="≥ 0.5",
+                           met=(like_ratio >= 0.5) if like_ratio is not None else None)
             bound = self.results.get("cpu_bound")
-            if bound and result.per_second:
-                section.figure(f"ratio_cpu_bound.{key}", f"{hosts} host{'s' if hosts > 1 else ''} / CPU-bound ceiling",
-                               result.per_second / bound, "")
-            cpu = {name: value / max(result.processed, 1) * 1000 for name, value in result.cpu.items()}
+            if bound and result.steps_per_second:
+                section.figure(f"ratio_cpu_bound.{key}", f"{hosts_text} / CPU-bound ceiling",
+                               result.steps_per_second / bound, "")
+            done = max(result.steps, 1)
+            cpu = {name: value / done * 1000 for name, value in result.cpu.items()}
             host_cpu = sum(v for k, v in cpu.items() if k.startswith("host"))
             host_seconds = sum(v for k, v in result.cpu.items() if k.startswith("host"))
             stack_cpu = host_cpu + (cpu.get("azurite") or 0) + (cpu.get("servicebus") or 0)
-            ceiling_cpu = self.results.get("cpu_per_order")
-            if ceiling_cpu and stack_cpu:
-                section.figure(f"cpu_efficiency.{key}", f"{hosts} host{'s' if hosts > 1 else ''}: ceiling CPU per order / "
-                               "the stack's CPU per order", ceiling_cpu / stack_cpu, "",
-                               note="insensitive to other load on the machine")
+            ceiling_cpu = self.results.get("cpu_per_step_in_order")
+            if ceiling_cpu and stack_cpu and result.steps:
+                section.figure(f"cpu_efficiency.{key}",
+                               f"{hosts_text}: ceiling CPU per step / the stack's CPU per step",
+                               ceiling_cpu / stack_cpu, "",
+                               note="both with the order's fixed part spread over its steps; insensitive to other load")
             rows.append([
-                f"{hosts}", result.per_second, result.seconds, result.percentile(50), host_cpu,
+                f"{hosts}", result.steps_per_second, result.per_second, result.seconds, result.percentile(50), host_cpu,
                 host_seconds / result.wall / hosts if result.wall else None, cpu.get("azurite"),
                 cpu.get("servicebus"), sum(result.cpu.values()) / result.wall if result.wall else None,
                 ", ".join(f"{name} {n}" for name, n in sorted(result.slow_invocations.items())) or "none",
                 result.slowest_ms / 1000,
             ])
         section.table(
-            f"{plan.pipeline_orders} orders sent at once, no faults",
-            ["hosts", "orders/s", "seconds", "p50 send → Processed s (queued in the burst)", "host CPU ms/order",
-             "cores busy per host process", "Azurite CPU ms/order", "emulator CPU ms/order", "cores busy (stack)",
-             "invocations ≥ 5 s", "slowest invocation s"],
+            f"{plan.pipeline_orders} orders of {steps} steps sent at once, no faults",
+            ["hosts", "steps/s", "orders/s", "seconds", "p50 send → Processed s (queued in the burst)",
+             "host CPU ms/step", "cores busy per host process", "Azurite CPU ms/step", "emulator CPU ms/step",
+             "cores busy (stack)", "invocations ≥ 5 s", "slowest invocation s"],
             rows,
-            note="Host CPU per order is all the host processes' CPU over the run divided by the orders; "
-            "it includes the Functions host machinery, message parsing, logging and the agent's HTTP call, "
-            "which the ceiling does not. The fake remote service and this benchmark share a third process "
-            "(not counted in 'cores busy'). Invocations of 5 s or more (the agent's excepted: its time is the "
-            "remote service's) are counted from the host logs: a stall there shows as a long tail in the "
-            "throughput to the last order but not in the throughput to 99%.",
+            note="CPU per step is each process's CPU over the run divided by the steps done (orders × "
+            f"{steps}), so it carries each order's fixed part (submission, the first claim) spread over its steps. "
+            "Host CPU includes the Functions host machinery, message parsing, logging and the agent's HTTP call, "
+            "which the ceiling does not. The fake remote service and this benchmark share a third process (not "
+            "counted in 'cores busy'). Invocations of 5 s or more (the agents' excepted: their time is the remote "
+            "service's) are counted from the host logs: a stall there shows as a long tail in the throughput to "
+            "the last order but not in the throughput to 99%.",
         )
         section.intro = (
-            "Orders/s from the first send to the last Processed commit, with the app's default settings "
-            "(host.json: 16 concurrent Service Bus calls per trigger, storage-queue batches of 16). "
-            "The ratio is against the ceiling's parallel figure measured in the same run."
+            f"Steps/s from the first send to the last Processed commit: {plan.pipeline_orders} orders sent at once, "
+            f"each running the {steps} steps of the workflow, with the app's default settings (host.json: 16 "
+            "concurrent Service Bus calls per trigger, storage-queue batches of 16). The ratio is against the "
+            "ceiling measured in the same run: one step's raw operations (the target), and, like for like, with "
+            "every order's fixed part (submission, the first claim, the nudge, the orders message) spread over "
+            "its steps."
         )
 
     def _recovery(self, section: Section, stack: BenchStack, sender: OrderSender) -> None:
@@ -423,30 +474,34 @@ class Runner:
         stack.stop_hosts()
         stack.settings.update(recovery.SETTINGS)
         stack.start_hosts(1)
-        pipeline.warm_up(stack, sender, "warm3-")
+        pipeline.warm_up(stack, sender, "warm3-", count=self.plan.warm_up_orders)
         trials = []
         tick = self._counter("recovery: trials", self.plan.recovery_trials)
         for i in range(self.plan.recovery_trials):
             trials.append(recovery.trial(stack, sender, f"crash-{i:03d}"))
             tick(i + 1)
+        steps = len(recovery.CURRENT.steps)
+        held = recovery.HELD
         rows = []
         for t in trials:
             rows.append([
                 t.order_id, t.killed - t.claimed, t.complete_by - t.killed,
                 (t.reset - t.complete_by) if t.reset else None,
-                (t.reclaimed - t.reset) if t.reclaimed and t.reset else None,
-                (t.processed - t.reclaimed) if t.processed and t.reclaimed else None,
-                t.from_kill, t.from_claim, t.effects,
+                (t.redone - t.reset) if t.redone and t.reset else None,
+                (t.processed - t.redone) if t.processed and t.redone else None,
+                t.from_kill, t.from_claim, t.effects, t.twice,
             ])
         section.table(
             "trials (seconds)",
-            ["order", "claim → kill", "kill → CompleteBy", "CompleteBy → reset (supervisor tick)",
-             "reset → claim 2 (backoff + queue poll)", "claim 2 → Processed", "kill → Processed",
-             "claim → Processed", "remote effects"],
+            ["order", f"{held.name} claimed → kill", "kill → CompleteBy", "CompleteBy → reset (supervisor tick)",
+             f"reset → {held.name} recorded (backoff, queue poll, the step)",
+             f"{held.name} recorded → Processed (the steps after it)", "kill → Processed", "claim → Processed",
+             "actions applied at the remotes", "applied twice"],
             rows,
-            note=f"Settings: STEP_TIMEOUT_SECONDS={recovery.STEP_TIMEOUT:g}, SUPERVISOR_SCHEDULE='*/2 * * * * *', the default "
-            f"RETRY_BACKOFF_BASE_SECONDS=2 (first retry nudged 2 s after the reset) and host.json "
-            f"maxPollingInterval 2 s (an idle queue is polled at most every 2 s). Target: "
+            note=f"The order is held at step {recovery.HELD_INDEX + 1} of {steps} ({held.name} at {held.remote}). "
+            f"Settings: STEP_TIMEOUT_SECONDS={recovery.STEP_TIMEOUT:g}, SUPERVISOR_SCHEDULE='*/2 * * * * *', the "
+            "default RETRY_BACKOFF_BASE_SECONDS=2 (first retry nudged 2 s after the reset) and host.json "
+            "maxPollingInterval 2 s (an idle queue is polled at most every 2 s). Target: "
             f"{recovery.STEP_TIMEOUT:g} + {recovery.SUPERVISOR_PERIOD:g} + 2 = {recovery.TARGET:g} s.",
         )
         from_kill = [t.from_kill for t in trials if t.from_kill is not None]
@@ -457,8 +512,12 @@ class Runner:
                        target=f"≤ {recovery.TARGET:g} s", met=(worst_kill <= recovery.TARGET) if worst_kill else None)
         section.figure("from_claim", "claim → Processed (a kill at the worst moment; worst trial)", worst_claim, "s",
                        target=f"≤ {recovery.TARGET:g} s", met=(worst_claim <= recovery.TARGET) if worst_claim else None)
-        section.figure("effects", "remote effects per recovered order", max((t.effects for t in trials), default=None),
-                       "", target="1", met=all(t.effects == 1 for t in trials) if trials else None)
+        worst = max(trials, key=lambda t: (abs(t.effects - steps) + t.twice, t.twice), default=None)
+        section.figure(
+            "effects", "remote actions applied per recovered order (worst trial)",
+            worst.effects if worst else None, "", target=f"{steps}, none twice",
+            met=all(t.effects == steps and t.twice == 0 for t in trials) if trials else None,
+        )
 
     def _idle(self, section: Section, stack: BenchStack, log: AzuriteLog) -> None:
         seconds = self.plan.idle_seconds
@@ -489,12 +548,14 @@ class Runner:
         section.intro = (
             "What one host costs with nothing to do: the supervisor's timer (default every 15 s: one index "
             "query each), the storage-queue poller (backs off to host.json maxPollingInterval, 2 s) and the "
-            "Service Bus receivers (one receive call per trigger, waiting up to 0.5 s each in the local host; "
-            "the Functions host's own receivers hold a long-lived link instead). Counted at the servers."
+            f"Service Bus receivers (one per Service Bus trigger: orders, the {len(remotes())} remotes' request "
+            "queues and agent-responses; one receive call each, waiting up to 0.5 s, in the local host; the "
+            "Functions host's own receivers hold a long-lived link instead). Counted at the servers."
         )
 
     def _ops(self, section: Section, stack: BenchStack, sender: OrderSender, log: AzuriteLog) -> None:
         count = self.plan.ops_orders
+        steps_per_order = pipeline.STEPS
         # The background rate, to subtract: from the idle phase, or a short idle window now.
         if "idle" in self.results:
             idle, idle_seconds = self.results["idle"]
@@ -505,7 +566,8 @@ class Runner:
                 time.sleep(0.5)
             idle, idle_seconds = log.since(start, log.mark()), time.monotonic() - t0
         idle_end = log.mark()
-        tick = self._counter(f"ops: {count} orders counted at the servers (1 host)", count)
+        tick = self._counter(f"ops: {count} orders × {steps_per_order} steps counted at the servers (1 host)",
+                             count * steps_per_order)
         sb_before = stack.sb_counts()
         effects_before = stack.remote.effects()["total"]
         t1 = time.monotonic()
@@ -514,63 +576,134 @@ class Runner:
         if not pipeline.wait_done(stack, store, "ops-", count, effects_before, timeout=self.plan.pipeline_timeout,
                                   progress=tick):
             raise pipeline.Timeout(f"the {count} orders were not all processed")
+        steps = stack.remote.effects()["total"] - effects_before  # forward actions applied: the steps done
         expected = f"settle.accepted {names.AGENT_RESPONSES_QUEUE}"
         deadline = time.monotonic() + 10
-        while pipeline.delta(stack.sb_counts(), sb_before).get(expected, 0) < count and time.monotonic() < deadline:
+        while pipeline.delta(stack.sb_counts(), sb_before).get(expected, 0) < steps and time.monotonic() < deadline:
             time.sleep(0.1)
         end, t2 = log.mark(), time.monotonic()
         sb = pipeline.delta(stack.sb_counts(), sb_before)
         operations = log.since(idle_end, end)
-        idle_rate = {op: n / max(idle_seconds, 1e-9) for op, n in idle.by_operation.items()}
+        window = t2 - t1
+
+        def background(idle_count: int) -> float:
+            return idle_count / max(idle_seconds, 1e-9) * window
+
+        def net(during: int, idle_count: int) -> float:
+            return max(0.0, during - background(idle_count))
+
+        # Storage requests by operation, as Azurite names them.
         rows = []
         net_total: Counter[str] = Counter()
         for op, n in sorted(operations.by_operation.items(), key=lambda item: (service_of(item[0]), item[0])):
-            background = idle_rate.get(op, 0.0) * (t2 - t1)
-            net = max(0.0, n - background) / count
-            net_total[service_of(op)] += net
-            rows.append([FRIENDLY.get(op, op), service_of(op), n, background, net])
+            net_total[service_of(op)] += net(n, idle.by_operation.get(op, 0))
+            rows.append([FRIENDLY.get(op, op), service_of(op), n, background(idle.by_operation.get(op, 0)),
+                         net(n, idle.by_operation.get(op, 0)) / count])
         section.table(
-            f"storage operations counted by Azurite during {count} orders",
+            f"storage operations counted by Azurite during {count} orders ({steps} steps)",
             ["operation", "service", "during the run", "idle background (same time)", "per order"], rows,
             note="Background is the idle rate measured just before, over the run's duration; 'per order' is "
             "(during − background) / orders.",
+        )
+        # Table requests by their role in the app's layout: a step's, or the order's fixed part.
+        step_roles = {azurite_log.STEP_TRANSACTION}
+        per_step_requests = per_step_writes = fixed_requests = fixed_writes = reads = 0.0
+        role_rows = []
+        for role in [*azurite_log.ROLES, *sorted(set(operations.by_role) - set(azurite_log.ROLES))]:
+            n = operations.by_role.get(role, 0)
+            if not n:
+                continue
+            requests = net(n, idle.by_role.get(role, 0))
+            written = net(operations.writes_by_role.get(role, 0), idle.writes_by_role.get(role, 0))
+            if role in step_roles:
+                per_step_requests += requests
+                per_step_writes += written
+            else:
+                fixed_requests += requests
+                fixed_writes += written
+            if role in azurite_log.READS:
+                reads += requests
+            part = "per step" if role in step_roles else "fixed (per order)"
+            divisor = steps if role in step_roles else count
+            role_rows.append([role, part, n, requests / divisor, written / divisor])
+        section.table(
+            "table requests by role (counted by Azurite, background subtracted)",
+            ["role", "part", "during the run", "requests per step or per order",
+             "entities written per step or per order"],
+            role_rows,
+            note="Roles come from the request URL and, for a transaction, its sub-requests as Azurite logs them "
+            "(benchmarks/azurite_log.py): a transaction that writes a step's row is the step's; everything else is "
+            "the order's fixed part. A transaction is one request (one billed transaction in Azure) that writes "
+            "several entities.",
         )
         failed = operations.failed()
         if failed:
             section.table("storage requests answered with an error status", ["operation status", "count"],
                           [[k, v] for k, v in sorted(failed.items())])
-        table_per_order = net_total["table"]
-        # One decimal: the background subtraction is an estimate (the supervisor's sweeps are few).
-        section.figure("table_per_order", "table operations per order", table_per_order, "",
-                       target="≤ 5", met=round(table_per_order, 1) <= 5)
-        section.figure("queue_per_order", "storage-queue operations per order", net_total["queue"], "")
-        queues = (names.ORDERS_QUEUE, names.AGENT_REQUESTS_QUEUE, names.AGENT_RESPONSES_QUEUE)
-        sb_rows = []
-        sb_total = 0
+        steps = max(steps, 1)
+        step_reads = sum(
+            net(operations.by_role.get(role, 0), idle.by_role.get(role, 0))
+            for role in (azurite_log.POINT_READ, azurite_log.QUERY)
+        ) / steps
+        # One decimal where a background subtraction is involved: it is an estimate.
+        section.figure("table_writes_per_step", "table writes per step (entities written by the step's requests)",
+                       per_step_writes / steps, "", target="≤ 2", met=round(per_step_writes / steps, 1) <= 2,
+                       note=f"in {per_step_requests / steps:.2f} requests (transactions)")
+        section.figure("table_reads_per_step", "table reads per step (point reads and partition queries, all "
+                       "attributed to the steps)", step_reads, "", target="≤ 1", met=round(step_reads, 1) <= 1)
+        section.figure("table_requests_per_step", "table requests per step", per_step_requests / steps, "")
+        section.figure("table_fixed_per_order", "table requests per order, fixed part", fixed_requests / count, "",
+                       note=f"{fixed_writes / count:.2f} entities written; the supervisor's index queries included")
+        section.figure("table_per_order", f"table requests per order ({steps_per_order} steps)",
+                       net_total["table"] / count, "")
+        section.figure("queue_per_order", "storage-queue operations per order (fixed part: the nudge)",
+                       net_total["queue"] / count, "")
+        # Service Bus: the orders queue is the order's fixed part; request and response queues are the steps'.
+        step_queues = (*(names.requests_queue(remote) for remote in remotes()), names.AGENT_RESPONSES_QUEUE)
+        queues = (names.ORDERS_QUEUE, *step_queues)
+        sb_rows, totals = [], {"step": Counter(), "fixed": Counter()}
+        columns = ("sends", "deliveries", "completes", "released", "renewals")
         for queue in queues:
-            sends = sb.get(f"enqueue {queue}", 0)
-            deliveries = sb.get(f"deliver {queue}", 0)
-            completes = sb.get(f"settle.accepted {queue}", 0)
-            released = sb.get(f"settle.released {queue}", 0)
-            renewals = sum(v for k, v in sb.items() if k.startswith("management.renew") and k.endswith(f" {queue}"))
-            sb_total += sends + deliveries + completes
-            sb_rows.append([queue, sends / count, deliveries / count, completes / count, released / count,
-                            renewals / count])
+            counts = {
+                "sends": sb.get(f"enqueue {queue}", 0),
+                "deliveries": sb.get(f"deliver {queue}", 0),
+                "completes": sb.get(f"settle.accepted {queue}", 0),
+                "released": sb.get(f"settle.released {queue}", 0),
+                "renewals": sum(
+                    v for k, v in sb.items() if k.startswith("management.renew") and k.endswith(f" {queue}")
+                ),
+            }
+            totals["step" if queue in step_queues else "fixed"].update(counts)
+            sb_rows.append([queue, *(counts[k] / count for k in columns)])
+        for part, divisor in (("step", steps), ("fixed", count)):
+            label = "per step (request + response queues)" if part == "step" else "per order, fixed part (orders)"
+            sb_rows.append([label, *(totals[part][k] / divisor for k in columns)])
         section.table(
-            "Service Bus operations per order, counted by the emulator",
+            "Service Bus operations, counted by the emulator (per order unless said)",
             ["queue", "messages sent", "deliveries", "completes", "deliveries released unread", "lock renewals"],
             sb_rows,
             note="Messages are counted one by one (the submitter sends orders in batches of up to 100). "
             "A released delivery is a message the SDK's receive call got after its wait ended and handed "
             "back; it is delivered again (not a failure, but broker work).",
         )
-        section.figure("servicebus_per_order", "Service Bus operations per order (sends + deliveries + completes)",
-                       sb_total / count, "")
+        per_step = {k: totals["step"][k] / steps for k in ("sends", "deliveries", "completes")}
+        fixed = {k: totals["fixed"][k] / count for k in ("sends", "deliveries", "completes")}
+        section.figure("servicebus_per_step", "Service Bus operations per step (sends + deliveries + completes)",
+                       sum(per_step.values()), "", note=", ".join(f"{k} {v:.2f}" for k, v in per_step.items()))
+        section.figure("servicebus_fixed_per_order", "Service Bus operations per order, fixed part",
+                       sum(fixed.values()), "", note=", ".join(f"{k} {v:.2f}" for k, v in fixed.items()))
+        every = sum(totals["step"][k] + totals["fixed"][k] for k in ("sends", "deliveries", "completes"))
+        section.figure("servicebus_per_order", f"Service Bus operations per order ({steps_per_order} steps)",
+                       every / count, "")
         section.figure("servicebus_frames_per_order", "Service Bus AMQP frames from clients per order",
                        sum(n for k, n in sb.items() if k.startswith("frame.")) / count, "")
+        section.figure("steps", "steps done (forward actions applied at the remotes)", steps, "",
+                       note=f"{count} orders × {steps_per_order} steps = {count * steps_per_order}")
         section.intro = (
-            f"{count} orders with no faults through one host, counted at the servers: Azurite's debug log "
-            "(one line per request; a transaction is one request, as it is one billed transaction in Azure) "
-            "and the Service Bus emulator's own operation counters (tools/servicebus_emulator, --stats-stdin)."
+            f"{count} orders of {steps_per_order} steps with no faults through one host, counted at the servers: "
+            "Azurite's debug log (one line per request; a transaction is one request, as it is one billed "
+            "transaction in Azure) and the Service Bus emulator's own operation counters "
+            "(tools/servicebus_emulator, --stats-stdin). A step's cost and the order's fixed part are counted "
+            "apart: table requests by their role (the step's transaction, or the rest), Service Bus by queue "
+            "(the remotes' request queues and agent-responses, or orders)."
         )
-

@@ -1,23 +1,28 @@
-"""Chaos soak: every failure mode at once, then an audit of the outcome.
+"""Chaos soak: every failure mode at once on the three-step workflow, then an audit.
 
 ``python -m benchmarks.soak --orders 1000`` (``make soak``); the test suite runs a short
-form (150 orders). Two local hosts (so two supervisors), short step timeout and
-supervisor period; remote faults by rate (transient, throttling, dropped
-connections, responses slower than the deadline, permanent refusals); some order
-messages sent twice; copies of real agent responses sent again; one host killed
-(SIGKILL) and restarted mid-run. Then it checks:
+form (150 orders). Every order runs reserve@inventory, charge@payments, ship@shipping.
+Two local hosts (so two supervisors), a short step timeout and supervisor period;
+faults at every remote service by rate (transient, throttling, dropped connections,
+responses slower than the deadline; permanent refusals, which make orders undo
+themselves, and hit compensations too), so the agents' circuit breakers open now and
+then; a few orders scripted to end in Error (a refund that never answers in time, a
+release refused, a ship never answered in time); some order messages sent twice;
+copies of real agent responses sent again; one host killed (SIGKILL) and restarted
+mid-run. Then it checks:
 
-- every order is terminal; nothing is left Pending or Processing;
-- no order's effect applied twice; every Processed order has exactly one effect, and
-  an effect outside them belongs only to an order whose retries ran out while its
-  last answer was late (the effect happened, the answer was lost);
-- every Error is a permanent refusal or an order that exhausted its retries, with
-  exactly one alert each;
-- no message is left in any queue but the dead-letter queues, and every dead-letter
-  is explained;
-- then, as the operator: with the faults cleared, every order that exhausted its
-  retries is resubmitted (``ordersctl resubmit``) and ends Processed without a second
-  effect, so remote effects == Processed orders.
+- every order is in a final state (Processed, Compensated or Error);
+- the remote services' effects match every final state, per service
+  (``devtools.stats.audit_effects``): a Processed order has each action applied once
+  and nothing undone, a Compensated order has every applied action undone (net 0), an
+  Error order leaves nothing applied but the undos that failed (or the stopped step);
+- nothing applied twice (``twice == 0``), no call after its ``Complete-By``;
+- every Error order has exactly one alert, naming the undos that failed;
+- nothing is left on any queue (the scheduler's poison queue included), nothing is
+  dead-lettered;
+- then, as the operator: with the faults cleared, every Error order is resubmitted
+  (``ordersctl resubmit``) and ends Compensated (its failed undos done) or Processed
+  (its stopped step done), with the effects still consistent and no new alert.
 
 The command writes its figures to the chaos soak section of ``BENCHMARKS.md``
 (``--report``); ``make bench`` keeps that section when it rewrites the file.
@@ -25,7 +30,6 @@ The command writes its figures to the chaos soak section of ``BENCHMARKS.md``
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import subprocess
@@ -33,7 +37,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -48,9 +53,13 @@ from benchmarks.machine import describe
 from benchmarks.report import write_soak_section
 from core import names
 from core.models import OrderState, ProcessState
+from core.workflow import CURRENT, Kind, remotes
+from devtools.demo import ERROR_SCRIPTS, error_scripts, read_alerts
 from devtools.localstack import LocalStack
 from devtools.orders import order_message
 from devtools.paths import ROOT
+from devtools.stats import EFFECT_CHECKS, EffectsAudit, audit_effects
+from tools.servicebus_emulator import QueueSettings
 
 console = Console()
 
@@ -65,30 +74,47 @@ SOAK_SETTINGS = {
     "AGENT_BACKOFF_MAX_SECONDS": "0.5",
     "REMOTE_CALL_TIMEOUT_SECONDS": "5",
     # The local host's own setting: a crashed host's storage-queue messages come back
-    # after 15 s instead of the Functions host's 10-minute lease, so the audit sees them
+    # after 8 s instead of the Functions host's 10-minute lease, so the audit sees them
     # handled within the run.
-    "FUNCHOST_QUEUE_LEASE_SECONDS": "15",
+    "FUNCHOST_QUEUE_LEASE_SECONDS": "8",
+    # A remote service that keeps failing is left alone this long (its steps wait,
+    # postponed): short, so a breaker that opens on a run of faults costs seconds.
+    "BREAKER_OPEN_SECONDS": "2",
 }
-#: The remote's faults, per call (permanent refusals are sticky per order).
-SOAK_FAULTS = {"transient": 0.14, "throttle": 0.03, "drop": 0.03, "slow": 0.05, "permanent": 0.02}
-_TERMINAL = (ProcessState.PROCESSED, ProcessState.ERROR)
-#: Dead-letter reasons that have an explanation in this design.
-EXPLAINED_DEAD_LETTERS = {"MaxDeliveryCountExceeded", "TTLExpiredException"}
+#: The Service Bus lock duration of the soak's queues (60 s in Azure and in the other
+#: runs): a crashed host's locked messages come back after this long. The hosts renew
+#: the locks of the messages they are handling at half-life, as in Azure.
+SOAK_LOCK_SECONDS = 8.0
+#: Transport faults, per call, at every service.
+_TRANSPORT = {"transient": 0.12, "throttle": 0.03, "drop": 0.03, "slow": 0.04}
+#: The remote services' faults, per call. A permanent refusal is sticky per order (and
+#: per kind: a refused action does not refuse its order's compensations, which are
+#: drawn on their own and can be refused too).
+SOAK_FAULTS: dict[str, dict[str, float]] = {
+    "inventory": {**_TRANSPORT, "permanent": 0.01},
+    "payments": {**_TRANSPORT, "permanent": 0.02},
+    "shipping": {**_TRANSPORT, "permanent": 0.02},
+}
+_FINAL = (ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.ERROR)
 
 
 @dataclass
 class Verdict:
     orders: int
     processed: int
-    errors: int
-    error_permanent: int
-    #: Orders in Error because their retries ran out (the operator resubmits them).
-    exhausted: list[str]
-    error_unexplained: list[str]
+    #: Compensated because a step was refused / because a step gave up.
+    compensated_refused: int
+    compensated_gave_up: int
+    #: Error because an undo failed / because a step that cannot be undone gave up.
+    error_undo_failed: int
+    error_stopped: int
+    #: Orders scripted to end in Error -> what was scripted.
+    scripted: dict[str, str]
     not_terminal: list[str]
-    remote_effects: int
-    applied_twice: list[str]
+    audit: EffectsAudit
     alerts_by_order: dict[str, int]
+    #: Error orders whose alert does not name the undos that failed.
+    alerts_misnamed: list[str]
     duplicates_sent: int
     responses_replayed: int
     host_killed_at: float | None
@@ -96,18 +122,47 @@ class Verdict:
     dead_letters: dict[str, list[str]]
     elapsed_s: float = 0.0
     problems: list[str] = field(default_factory=list)
-    effects_on_exhausted: int = 0
     resubmitted: int = 0
-    effects_after_resubmit: int | None = None
-    processed_after_resubmit: int | None = None
+    #: Final states of the resubmitted orders, and the audit of every order afterwards.
+    after_resubmit: dict[str, int] = field(default_factory=dict)
+    audit_after_resubmit: EffectsAudit | None = None
+    alerts_after_resubmit: int = 0
+    #: Circuit breaker openings per remote service, and lines postponed meanwhile (host logs).
+    breaker_opened: dict[str, int] = field(default_factory=dict)
+    postponed: int = 0
+    #: Seconds from the start to the end of each phase (stack up, all final, settled, operator).
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
-    def error_exhausted(self) -> int:
-        return len(self.exhausted)
+    def compensated(self) -> int:
+        return self.compensated_refused + self.compensated_gave_up
+
+    @property
+    def errors(self) -> int:
+        return self.error_undo_failed + self.error_stopped
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+def soak_id(i: int) -> str:
+    return f"soak-{i:05d}"
+
+
+def scripted_errors(orders: int) -> dict[str, int]:
+    """Order id -> its ERROR_SCRIPTS entry: about 1% of the orders, at least one of each
+    kind, spread over the first fifth of the run (their retries take a while: they
+    overlap the rest of it)."""
+    count = min(orders, max(len(ERROR_SCRIPTS), orders // 100))
+    return {soak_id((k + 1) * max(orders // 5, count) // (count + 1)): k % len(ERROR_SCRIPTS) for k in range(count)}
+
+
+class SoakStack(LocalStack):
+    """The local stack with the soak's short Service Bus lock duration."""
+
+    def _emulator_queues(self) -> list[QueueSettings]:
+        return [replace(queue, lock_duration=SOAK_LOCK_SECONDS) for queue in super()._emulator_queues()]
 
 
 def _replay_responses(connection_string: str, queue: str, stop: threading.Event, share: float, rng: random.Random,
@@ -129,47 +184,54 @@ def _replay_responses(connection_string: str, queue: str, stop: threading.Event,
                                                  application_properties={"replayed": True})
                         sender.send_messages(copy)
                         counter["replayed"] += 1
-                stop.wait(0.2)
+                stop.wait(0.5)
 
 
 def queue_leftovers(stack: LocalStack) -> tuple[dict[str, int], dict[str, list[str]]]:
-    leftover: dict[str, int] = {}
-    dead: dict[str, list[str]] = {}
-    with ServiceBusClient.from_connection_string(stack.servicebus_connection_string) as client:
-        for spec in names.SERVICEBUS_QUEUES:
+    """Messages on every queue (locked, scheduled and leased ones included), and the
+    dead-lettered ones' reasons, per queue. The queues are looked at in parallel."""
+
+    def servicebus(spec: names.ServiceBusQueueSpec) -> tuple[str, int, list[str]]:
+        with ServiceBusClient.from_connection_string(stack.servicebus_connection_string) as client:
             with client.get_queue_receiver(spec.name) as receiver:
-                leftover[spec.name] = len(receiver.peek_messages(max_message_count=1000))
+                count = len(receiver.peek_messages(max_message_count=1000))
             with client.get_queue_receiver(spec.name, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
                 reasons = [str(m.dead_letter_reason) for m in receiver.peek_messages(max_message_count=1000)]
-                if reasons:
-                    dead[spec.name] = reasons
-    queue = QueueClient.from_connection_string(stack.azurite.connection_string, names.SCHEDULER_QUEUE)
-    leftover[names.SCHEDULER_QUEUE] = queue.get_queue_properties().approximate_message_count
-    return leftover, dead
+        return spec.name, count, reasons
+
+    def storage(queue_name: str) -> tuple[str, int, list[str]]:
+        queue = QueueClient.from_connection_string(stack.azurite.connection_string, queue_name)
+        return queue_name, queue.get_queue_properties().approximate_message_count, []
+
+    storage_queues = [q for name, _ in names.STORAGE_QUEUES for q in (name, name + names.POISON_SUFFIX)]
+    with ThreadPoolExecutor(max_workers=len(names.SERVICEBUS_QUEUES) + len(storage_queues)) as pool:
+        found = [pool.submit(servicebus, spec) for spec in names.SERVICEBUS_QUEUES]
+        found += [pool.submit(storage, name) for name in storage_queues]
+        results = [future.result() for future in found]
+    return {name: count for name, count, _ in results}, {name: reasons for name, _, reasons in results if reasons}
 
 
-def read_alerts(connection_string: str) -> Counter:
-    alerts: Counter = Counter()
-    with ServiceBusClient.from_connection_string(connection_string) as client:
-        with client.get_queue_receiver(names.ALERTS_QUEUE, max_wait_time=2) as receiver:
-            while True:
-                batch = receiver.receive_messages(max_message_count=100, max_wait_time=2)
-                if not batch:
-                    break
-                for message in batch:
-                    alerts[json.loads(str(message))["order_id"]] += 1
-                    receiver.complete_message(message)
-    return alerts
+def _busy(leftover: dict[str, int]) -> bool:
+    return any(n for name, n in leftover.items() if name != names.ALERTS_QUEUE)
 
 
 def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, duplicate_share: float = 0.1,
              replay_share: float = 0.1, kill_host: bool = True, out: Path = ROOT / "demo-output" / "soak") -> Verdict:
     rng = random.Random(seed)
-    stack = LocalStack(settings=SOAK_SETTINGS, remote_rates=SOAK_FAULTS, remote_seed=seed,
-                       remote_slow_seconds=8.0, log_dir=out / "logs")
+    scripted = scripted_errors(orders)
+    stack = SoakStack(settings=SOAK_SETTINGS, remote_seed=seed, remote_slow_seconds=8.0, log_dir=out / "logs")
     counter: Counter = Counter()
     started = time.monotonic()
+    phases: dict[str, float] = {}
+
+    def phase(name: str) -> None:
+        phases[name] = round(time.monotonic() - started, 1)
+
     with stack.start(hosts=2):
+        phase("stack up")
+        scripts = error_scripts(scripted)
+        for service in remotes():
+            stack.remote.set_faults(service=service, rates=SOAK_FAULTS[service], script=scripts[service], seed=seed)
         stop = threading.Event()
         replayer = threading.Thread(
             target=_replay_responses,
@@ -177,7 +239,7 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
             daemon=True,
         )
         replayer.start()
-        ids = [f"soak-{i:05d}" for i in range(orders)]
+        ids = [soak_id(i) for i in range(orders)]
         store = StateStore(TableClient.from_connection_string(stack.azurite.connection_string, names.ORDERS_TABLE))
         duplicates = 0
         with ServiceBusClient.from_connection_string(stack.servicebus_connection_string) as client:
@@ -194,135 +256,193 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
         deadline = started + time_limit
         states: dict[str, OrderState] = {}
         while time.monotonic() < deadline:
-            states = {state.order_id: state for state in store.list_states()}
-            terminal = sum(1 for state in states.values() if state.process_state in _TERMINAL)
-            if kill_host and killed_at is None and terminal >= orders * 0.4:
+            states = {state.order_id: state for state in store.list_states(id_prefix="soak-")}
+            final = sum(1 for state in states.values() if state.process_state.terminal)
+            if kill_host and killed_at is None and final >= orders * 0.3:
                 # Crash one host mid-run (no draining), then bring a new one up.
                 stack.kill_host(stack.hosts[0])
                 killed_at = time.monotonic() - started
-                console.print(f"killed host 1 at {killed_at:.1f} s ({terminal}/{orders} terminal); restarting it")
+                console.print(f"killed host 1 at {killed_at:.1f} s ({final}/{orders} in a final state); restarting it")
                 stack.start_hosts(1)
-            if terminal == orders:
+            if final == orders:
                 break
-            time.sleep(0.5)
+            time.sleep(1.0)  # the fake remote serves from this process: leave it the CPU
+        phase("all final")
         stop.set()
         replayer.join(10)
-        # Let the last delayed nudges and replayed responses arrive and be dropped. The
-        # killed host's locked messages come back only when their locks expire.
-        longest_lock = max(
-            max(spec.lock_duration for spec in names.SERVICEBUS_QUEUES).total_seconds(),
-            float(SOAK_SETTINGS["FUNCHOST_QUEUE_LEASE_SECONDS"]),
-        )
+        # Once every order is final nothing new starts: wait until no message is left on
+        # any queue and no remote call is in flight (the last delayed nudges and replayed
+        # responses are handled and dropped). The killed host's locked and leased
+        # messages count until their locks expire and they are handled again.
         settle_deadline = time.monotonic() + 30
         if killed_at is not None:
-            settle_deadline = max(settle_deadline, started + killed_at + longest_lock + 15)
-        while time.monotonic() < settle_deadline:
-            leftover, dead = queue_leftovers(stack)
-            if not any(n for name, n in leftover.items() if name != names.ALERTS_QUEUE):
-                break
+            settle_deadline = max(settle_deadline, started + killed_at + SOAK_LOCK_SECONDS + 30)
+        while True:
+            calls_in_flight = stack.remote.effects()["in_flight"]
+            if not calls_in_flight or time.monotonic() > settle_deadline:
+                leftover, dead = queue_leftovers(stack)
+                if not _busy(leftover) or time.monotonic() > settle_deadline:
+                    break
             time.sleep(0.5)
+        phase("settled")
         alerts = read_alerts(stack.servicebus_connection_string)
         effects = stack.remote.effects()
-        leftover, dead = queue_leftovers(stack)
-        verdict = _audit(orders, states, effects, alerts, duplicates, counter["replayed"], killed_at, leftover, dead)
+        states = {state.order_id: state for state in store.list_states(id_prefix="soak-")}
+        verdict = _audit(orders, states, effects, alerts, scripted, duplicates, counter["replayed"], killed_at,
+                         leftover, dead)
+        verdict.breaker_opened, verdict.postponed = breaker_figures(stack.host_logs)
         if not verdict.not_terminal:
-            operator_phase(stack, store, verdict)
+            errors = [o for o, s in states.items() if s.process_state is ProcessState.ERROR]
+            operator_phase(stack, store, verdict, errors)
+            phase("operator done")
+        verdict.phases = phases
     verdict.elapsed_s = round(time.monotonic() - started, 1)
     return verdict
 
 
-def operator_phase(stack: LocalStack, store: StateStore, verdict: Verdict) -> None:
-    """Act as the operator: with the remote's faults cleared, resubmit every order that
-    exhausted its retries. Each must end Processed, and the remote must see no second
-    effect (the step keeps its idempotency key), so effects == Processed afterwards."""
-    exhausted = verdict.exhausted
-    stack.remote.set_faults()
-    for order_id in exhausted:
-        resubmitted = subprocess.run(
-            [sys.executable, "-m", "ordersctl", "resubmit", order_id],
-            cwd=ROOT, env={**os.environ, **stack.env}, capture_output=True, text=True, timeout=60,
-        )
-        if resubmitted.returncode != 0:
-            verdict.problems.append(f"resubmit {order_id} failed: {resubmitted.stderr.strip()}")
+def breaker_figures(logs: list[Path]) -> tuple[dict[str, int], int]:
+    """Circuit breaker openings per remote service, and lines postponed, from the host logs."""
+    opened: Counter = Counter()
+    postponed = 0
+    for path in logs:
+        for line in path.read_text(errors="replace").splitlines():
+            if "circuit breaker for " in line and line.rstrip().endswith("-> open"):
+                opened[line.split("circuit breaker for ", 1)[1].split(":", 1)[0]] += 1
+            elif "[scheduler.dispatch]" in line and " postponed for " in line:
+                postponed += 1
+    return dict(opened), postponed
+
+
+def _resubmit(stack: LocalStack, order_id: str) -> str | None:
+    """``ordersctl resubmit ORDER``, as an operator runs it; the error, if it failed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "ordersctl", "resubmit", order_id],
+        cwd=ROOT, env={**os.environ, **stack.env}, capture_output=True, text=True, timeout=60,
+    )
+    return None if done.returncode == 0 else f"resubmit {order_id} failed: {done.stderr.strip()[-300:]}"
+
+
+def operator_phase(stack: LocalStack, store: StateStore, verdict: Verdict, errors: list[str]) -> None:
+    """Act as the operator: with the remote's faults cleared, resubmit every order in
+    Error. Each continues where it stopped: the undos that failed run again and the
+    order ends Compensated, or the stopped step runs again (same idempotency key) and
+    the order ends Processed. The effects must stay consistent with every final state."""
+    stack.remote.set_faults()  # every service: no script, no rates
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="resubmit") as pool:
+        verdict.problems += [problem for problem in pool.map(lambda o: _resubmit(stack, o), errors) if problem]
+    verdict.resubmitted = len(errors)
     deadline = time.monotonic() + 60
     final: dict[str, OrderState] = {}
     while time.monotonic() < deadline:
-        final = {o: store.get(o) for o in exhausted}
-        if all(state.process_state is ProcessState.PROCESSED for state in final.values()):
+        final = {o: store.get(o) for o in errors}
+        if all(state.process_state in (ProcessState.PROCESSED, ProcessState.COMPENSATED) for state in final.values()):
             break
         time.sleep(0.5)
-    effects = stack.remote.effects()
-    processed = sum(1 for state in store.list_states() if state.process_state is ProcessState.PROCESSED)
-    verdict.resubmitted = len(exhausted)
-    verdict.effects_after_resubmit = effects["total"]
-    verdict.processed_after_resubmit = processed
-    if any(state.process_state is not ProcessState.PROCESSED for state in final.values()):
-        verdict.problems.append(
-            f"resubmitted orders not Processed: {[o for o, s in final.items() if s.process_state is not ProcessState.PROCESSED]}"
-        )
-    if effects["total"] != processed or any(n > 1 for n in effects["by_order"].values()):
-        verdict.problems.append(f"after the operator's resubmits: remote effects {effects['total']} != processed {processed}")
+    while stack.remote.effects()["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    verdict.after_resubmit = dict(Counter(state.process_state.value for state in final.values()))
+    ends = (ProcessState.PROCESSED, ProcessState.COMPENSATED)
+    stuck = sorted(o for o, s in final.items() if s.process_state not in ends)
+    if stuck:
+        verdict.problems.append(f"resubmitted orders not Processed or Compensated: {stuck[:5]}")
+    audit = audit_effects(store.list_states(id_prefix="soak-"), stack.remote.effects())
+    verdict.audit_after_resubmit = audit
+    # The final states against the effects, again; twice and late count only anew (the
+    # first audit reported the earlier ones).
+    wrong = audit.failures(("processed", "compensated", "error"))
+    for service, after in audit.totals.items():
+        before = verdict.audit.totals.get(service, {})
+        wrong += [f"{service}: {after[what] - before.get(what, 0)} more {label}"
+                  for what, label in (("twice", "applied twice"), ("late", "late calls"))
+                  if after[what] > before.get(what, 0)]
+    if wrong:
+        verdict.problems.append("after the operator's resubmits, effects do not match: " + "; ".join(wrong))
+    # Alerts are peeked (left for an operator): any beyond the first audit's are new.
+    verdict.alerts_after_resubmit = len(read_alerts(stack.servicebus_connection_string)) - sum(
+        verdict.alerts_by_order.values()
+    )
+    if verdict.alerts_after_resubmit:
+        verdict.problems.append(f"{verdict.alerts_after_resubmit} new alerts after the operator's resubmits")
 
 
-def _audit(orders, states: dict[str, OrderState], effects, alerts, duplicates, replayed, killed_at, leftover,
-           dead) -> Verdict:
-    processed = [o for o, s in states.items() if s.process_state is ProcessState.PROCESSED]
-    errors = {o: s for o, s in states.items() if s.process_state is ProcessState.ERROR}
-    permanent = [o for o, s in errors.items() if "HTTP 422" in (s.last_error or "")]
-    exhausted = [o for o, s in errors.items() if (s.last_error or "").startswith("gave up after")]
-    unexplained = sorted(set(errors) - set(permanent) - set(exhausted))
-    not_terminal = sorted(o for o, s in states.items() if s.process_state not in _TERMINAL)
-    not_terminal += [f"soak-{i:05d} (never written)" for i in range(orders) if f"soak-{i:05d}" not in states]
-    twice = sorted(o for o, n in effects["by_order"].items() if n > 1)
+def _audit(orders, states: dict[str, OrderState], effects, alerts: list[dict], scripted: dict[str, int], duplicates,
+           replayed, killed_at, leftover, dead) -> Verdict:
+    by_state = {s: {o for o, state in states.items() if state.process_state is s} for s in _FINAL}
+    compensated, errors = by_state[ProcessState.COMPENSATED], by_state[ProcessState.ERROR]
+    refused = {o for o in compensated if " refused" in (states[o].cause or "").split(":")[0]}
+    undo_failed = {o for o in errors if states[o].kind is Kind.COMPENSATION}
+    not_terminal = sorted(o for o, s in states.items() if not s.process_state.terminal)
+    not_terminal += [f"{soak_id(i)} (never written)" for i in range(orders) if soak_id(i) not in states]
+    alerts_by_order = Counter(alert["order_id"] for alert in alerts)
+    steps = [step.name for step in CURRENT.steps]
+    misnamed = sorted(
+        alert["order_id"] for alert in alerts
+        if alert["order_id"] in errors
+        and alert.get("failed_compensations", []) != [steps[i] for i in states[alert["order_id"]].failed]
+    )
+    audit = audit_effects(states.values(), effects)
     v = Verdict(
-        orders=orders, processed=len(processed), errors=len(errors), error_permanent=len(permanent),
-        exhausted=exhausted, error_unexplained=unexplained, not_terminal=not_terminal,
-        remote_effects=effects["total"], applied_twice=twice, alerts_by_order=dict(alerts),
+        orders=orders, processed=len(by_state[ProcessState.PROCESSED]),
+        compensated_refused=len(refused), compensated_gave_up=len(compensated - refused),
+        error_undo_failed=len(undo_failed), error_stopped=len(errors - undo_failed),
+        scripted={o: ERROR_SCRIPTS[kind][0] for o, kind in scripted.items()}, not_terminal=not_terminal,
+        audit=audit, alerts_by_order=dict(alerts_by_order), alerts_misnamed=misnamed,
         duplicates_sent=duplicates, responses_replayed=replayed, host_killed_at=killed_at,
         leftover=leftover, dead_letters=dead,
     )
     if not_terminal:
-        v.problems.append(f"{len(not_terminal)} orders not terminal: {not_terminal[:5]}")
-    # An effect belongs to a Processed order, or to an order whose last allowed attempt
-    # was applied but answered after its deadline (retries exhausted, response lost).
-    # A permanently refused order never has one.
-    misplaced = {o: (states[o].process_state.value, states[o].last_error) if o in states else (None, None)
-                 for o in effects["by_order"] if o not in processed and o not in exhausted}
-    missing = [o for o in processed if effects["by_order"].get(o, 0) != 1]
-    v.effects_on_exhausted = sum(1 for o in exhausted if effects["by_order"].get(o))
-    if misplaced or missing:
-        v.problems.append(f"remote effects do not match: on orders neither Processed nor exhausted {misplaced}; "
-                          f"Processed without exactly one effect {missing[:5]}")
-    if twice:
-        v.problems.append(f"applied twice: {twice[:5]}")
-    if unexplained:
-        v.problems.append(f"Error without a permanent refusal or exhausted retries: {unexplained[:5]}")
-    if set(alerts) != set(errors) or any(n != 1 for n in alerts.values()):
-        wrong = {o: alerts.get(o, 0) for o in set(alerts) | set(errors) if alerts.get(o, 0) != 1}
+        v.problems.append(f"{len(not_terminal)} orders not in a final state: {not_terminal[:5]}")
+    v.problems += audit.failures()
+    not_error = sorted(o for o in scripted if o in states and states[o].process_state is not ProcessState.ERROR)
+    if not_error:
+        v.problems.append(f"orders scripted to fail not in Error: {not_error[:5]}")
+    if set(alerts_by_order) != errors or any(n != 1 for n in alerts_by_order.values()):
+        wrong = {o: alerts_by_order.get(o, 0) for o in set(alerts_by_order) | errors if alerts_by_order.get(o, 0) != 1}
         v.problems.append(f"alerts are not exactly one per Error order: {dict(list(wrong.items())[:5])}")
+    if misnamed:
+        v.problems.append(f"alerts not naming the undos that failed: {misnamed[:5]}")
     stuck = {name: n for name, n in leftover.items() if n and name != names.ALERTS_QUEUE}
     if stuck:
         v.problems.append(f"messages left in queues: {stuck}")
-    unexplained_dead = {q: r for q, r in dead.items() if set(r) - EXPLAINED_DEAD_LETTERS}
-    if unexplained_dead:
-        v.problems.append(f"dead-letters without an explained reason: {unexplained_dead}")
+    if dead:
+        v.problems.append(f"dead-lettered messages: { {q: dict(Counter(r)) for q, r in dead.items()} }")
     return v
 
 
+def _effects_line(audit: EffectsAudit) -> str:
+    return "; ".join(
+        f"{service} applied {t['applied']}, undone {t['undone']}, left {t['left']}"
+        for service, t in audit.totals.items()
+    )
+
+
 def print_verdict(v: Verdict) -> None:
-    console.print(f"orders {v.orders}: processed {v.processed}, error {v.errors} "
-                  f"(permanent {v.error_permanent}, retries exhausted {v.error_exhausted}), "
-                  f"not terminal {len(v.not_terminal)}")
-    console.print(f"operator resubmitted {v.resubmitted} exhausted orders ({v.effects_on_exhausted} had their effect "
-                  f"applied but answered late): then {v.processed_after_resubmit} processed, "
-                  f"{v.effects_after_resubmit} remote effects")
-    console.print(f"remote effects {v.remote_effects} (applied twice: {len(v.applied_twice)}); "
-                  f"alerts {sum(v.alerts_by_order.values())} for {len(v.alerts_by_order)} orders")
+    console.print(f"orders {v.orders}: processed {v.processed}, compensated {v.compensated} "
+                  f"(a step refused {v.compensated_refused}, a step gave up {v.compensated_gave_up}), "
+                  f"error {v.errors} (an undo failed {v.error_undo_failed}, ship gave up {v.error_stopped}; "
+                  f"{len(v.scripted)} scripted), not in a final state {len(v.not_terminal)}")
+    console.print(f"remote effects: {_effects_line(v.audit)}; applied twice "
+                  f"{sum(t for t in _counts(v.audit, 'twice'))}, late calls {sum(_counts(v.audit, 'late'))}")
+    console.print("effects vs final states: "
+                  + ("consistent at every service" if v.audit.ok else "; ".join(v.audit.failures())))
+    console.print(f"alerts {sum(v.alerts_by_order.values())} for {len(v.alerts_by_order)} orders")
+    console.print(f"operator resubmitted {v.resubmitted} Error orders (faults cleared): then "
+                  f"{v.after_resubmit or '-'}; effects "
+                  + ("consistent" if v.audit_after_resubmit and v.audit_after_resubmit.ok else "NOT consistent"
+                     if v.audit_after_resubmit else "not checked")
+                  + (f" ({_effects_line(v.audit_after_resubmit)})" if v.audit_after_resubmit else ""))
     console.print(f"chaos: {v.duplicates_sent} duplicate order messages, {v.responses_replayed} replayed agent responses, "
-                  f"host killed at {v.host_killed_at if v.host_killed_at is None else round(v.host_killed_at, 1)} s")
-    console.print(f"queues left: {v.leftover}; dead-letters: { {q: Counter(r) for q, r in v.dead_letters.items()} }")
+                  f"host killed at {v.host_killed_at if v.host_killed_at is None else round(v.host_killed_at, 1)} s; "
+                  f"circuit breakers opened {v.breaker_opened or 0}, {v.postponed} lines postponed")
+    console.print(f"queues left: {v.leftover}; dead-letters: { {q: dict(Counter(r)) for q, r in v.dead_letters.items()} }")
+    console.print(f"phases (s since the start): {v.phases}")
     console.print(f"elapsed {v.elapsed_s} s — " + ("[green]all checks passed[/green]" if v.ok else
                                                      "[red]FAILED: " + "; ".join(v.problems) + "[/red]"))
+
+
+def _counts(audit: EffectsAudit, check: str) -> list[int]:
+    """The counts behind the twice/late problems ("3 late calls" -> 3)."""
+    return [int(problem.split()[0]) for problems in audit.problems[check].values() for problem in problems]
 
 
 def verdict_markdown(v: Verdict, *, seed: int, machine: dict[str, str]) -> str:
@@ -332,36 +452,61 @@ def verdict_markdown(v: Verdict, *, seed: int, machine: dict[str, str]) -> str:
         f"{queue}: " + ", ".join(f"{reason} {n}" for reason, n in Counter(reasons).items())
         for queue, reasons in v.dead_letters.items() if reasons
     )
+
+    def result(audit: EffectsAudit | None, check: str) -> str:
+        if audit is None:
+            return "not checked"
+        failed = [s for s in audit.services if not audit.passed(check, s)]
+        if failed:
+            return f"FAILED at {', '.join(failed)}"
+        return f"passed ({audit.checked[check]} {'calls' if check in ('twice', 'late') else 'orders'})"
+
+    after = v.after_resubmit
     rows = [
-        ("orders", v.orders, "every one terminal"),
+        ("orders", v.orders, "every one in a final state"),
         ("Processed", v.processed, ""),
-        ("Error: permanent refusals", v.error_permanent, "each with one alert"),
-        ("Error: retries exhausted", v.error_exhausted, "each with one alert"),
-        ("Error: unexplained", len(v.error_unexplained), "must be 0"),
-        ("not terminal (Pending or Processing)", len(v.not_terminal), "must be 0"),
+        ("Compensated: a step refused", v.compensated_refused, "no alert"),
+        ("Compensated: a step gave up (outcome unknown)", v.compensated_gave_up, "no alert"),
+        ("Error: an undo failed", v.error_undo_failed, "one alert each, naming it"),
+        ("Error: ship gave up (it cannot be undone)", v.error_stopped, "one alert each"),
+        ("of the Error orders: scripted to fail", len(v.scripted), "must all be Error"),
+        ("not in a final state", len(v.not_terminal), "must be 0"),
         ("alerts (orders alerted)", f"{sum(v.alerts_by_order.values())} ({len(v.alerts_by_order)})", "= Error orders"),
-        ("remote effects", v.remote_effects, "Processed + exhausted orders whose last answer was late"),
-        ("remote effects applied twice", len(v.applied_twice), "must be 0"),
-        ("exhausted orders with their effect applied (late answer)", v.effects_on_exhausted, ""),
-        ("operator resubmits (exhausted orders)", v.resubmitted, "faults cleared first"),
-        ("Processed after the resubmits", v.processed_after_resubmit, ""),
-        ("remote effects after the resubmits", v.effects_after_resubmit, "= Processed, none twice"),
+        *((f"{service}: applied / undone / left applied", f"{t['applied']} / {t['undone']} / {t['left']}",
+           "left = Processed + what the Error orders left")
+          for service, t in v.audit.totals.items()),
+        *((EFFECT_CHECKS[check], result(v.audit, check), "at every service") for check in EFFECT_CHECKS),
+        ("operator resubmits (every Error order, faults cleared)", v.resubmitted, ""),
+        ("after the resubmits: Processed / Compensated / Error",
+         f"{after.get('Processed', 0)} / {after.get('Compensated', 0)} / {after.get('Error', 0)}", "Error must be 0"),
+        ("after the resubmits: effects vs every final state", "passed" if v.audit_after_resubmit and v.audit_after_resubmit.ok
+         else "FAILED" if v.audit_after_resubmit else "not checked", "no new alert"),
         ("duplicate order messages sent", v.duplicates_sent, ""),
         ("agent responses replayed", v.responses_replayed, ""),
-        ("messages left in queues (alerts aside)", sum(n for q, n in v.leftover.items() if q != names.ALERTS_QUEUE),
-         "must be 0"),
-        ("dead-lettered, by reason", dead or "none", "only expired or over-delivered messages"),
+        ("circuit breaker openings (per service, per host) / lines postponed meanwhile",
+         f"{sum(v.breaker_opened.values())} / {v.postponed}",
+         ", ".join(f"{service} {n}" for service, n in sorted(v.breaker_opened.items())) or ""),
+        ("messages left in queues (alerts aside; the scheduler's poison queue included)",
+         sum(n for q, n in v.leftover.items() if q != names.ALERTS_QUEUE), "must be 0"),
+        ("dead-lettered", dead or 0, "must be 0"),
         ("elapsed", f"{v.elapsed_s} s", ""),
     ]
-    faults = ", ".join(f"{kind} {rate:.0%}" for kind, rate in SOAK_FAULTS.items())
+    faults = "; ".join(
+        f"{service}: " + ", ".join(f"{kind} {rate:.0%}" for kind, rate in rates.items())
+        for service, rates in SOAK_FAULTS.items()
+    )
+    kinds = "; ".join(f"({n}) {what}" for n, (what, _) in enumerate(ERROR_SCRIPTS[: len(v.scripted)], 1))
     settings = ", ".join(f"`{k}={v_}`" for k, v_ in SOAK_SETTINGS.items())
     lines = [
         "## Chaos soak",
         "",
         f"`make soak` (`python -m benchmarks.soak --orders {v.orders} --seed {seed}`), {machine['date']}, "
-        f"{machine['cores']} cores ({machine['cpu']}), Python {machine['python']}: two local hosts (two supervisors), "
-        f"host 1 {killed}; remote faults per call: {faults} (transient, throttle and drop are the "
-        f"transient faults; slow answers after the step's deadline, a lost response); settings: {settings}.",
+        f"{machine['cores']} cores ({machine['cpu']}), Python {machine['python']}: the three-step workflow "
+        f"(reserve@inventory, charge@payments, ship@shipping) on two local hosts (two supervisors), "
+        f"host 1 {killed}; remote faults per call: {faults} (transient, throttle and drop are retried; slow answers "
+        f"after the step's deadline, a lost response; permanent refusals hit actions and compensations alike); "
+        f"{len(v.scripted)} orders scripted to end in Error, in turn: {kinds}; settings: {settings}, "
+        f"Service Bus lock duration {SOAK_LOCK_SECONDS:g} s.",
         "",
         "**Result: " + ("all checks passed" if v.ok else "FAILED: " + "; ".join(v.problems)) + "**",
         "",

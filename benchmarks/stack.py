@@ -82,7 +82,6 @@ class BenchStack(LocalStack):
         values = {**self.env, **extra} if self.remote else {
             names.STORAGE_CONNECTION: self.azurite.connection_string,
             names.SERVICEBUS_CONNECTION: self.servicebus_connection_string,
-            "REMOTE_SERVICE_URL": "http://127.0.0.1:9",
             **extra,
         }
         return Settings(**values)

@@ -1,10 +1,13 @@
 """The supervisor's sweep as the history grows: 100 in-flight orders beside 0, 10,000 and
 (optionally) 100,000 finished ones, next to the naive full-table filter on the same data.
 
-The in-flight orders are Processing, indexed an hour ago and due in an hour: every
-sweep reads all of them (they are old enough to have expired) and acts on none, so
-the figure is the sweep's read cost. The finished orders are what the app leaves
-behind: an order row and a Processed state row per order, no index row.
+The in-flight orders are mid-workflow (their first step done, the second claimed:
+Processing), indexed an hour ago and due in an hour: every sweep reads all of them
+(they are old enough to have expired) and acts on none, so the figure is the sweep's
+read cost. The finished orders are what the app leaves behind: an order row, a
+Processed state row and one row per step (5 rows for the 3-step workflow), no index
+row. Both are made by the app's own lifecycle decisions and written by its store
+(``StateStore.import_order``, one transaction per order).
 """
 
 from __future__ import annotations
@@ -21,12 +24,18 @@ from adapters import clients
 from adapters.messaging import Nudger, Publisher
 from adapters.store import StateStore
 from core import lifecycle, names
-from core.models import OrderRequest, OrderState, ProcessState, utcnow
+from core.models import AgentResponse, Context, LineRecord, OrderRequest, OrderState, Outcome, ProcessState, utcnow
 from core.workflow import CURRENT, StepPolicy
 from devtools.orders import order_body
 from supervisor.supervision import policy_from, sweep
 
 IN_FLIGHT = 100
+#: Steps an in-flight order has done (it is running the next one).
+IN_FLIGHT_STEPS_DONE = 1
+#: Rows a finished order leaves in its partition: order, state, one per step.
+FINISHED_ROWS = 2 + len(CURRENT.steps)
+#: Rows of an in-flight order's partition (plus its index row).
+IN_FLIGHT_ROWS = 2 + IN_FLIGHT_STEPS_DONE
 #: Finished orders written per task of the writer processes.
 CHUNK = 500
 #: The supervisor skips index rows younger than min(step timeout, pending timeout).
@@ -57,7 +66,7 @@ class SweepPoint:
     def rows_examined_naive(self) -> int:
         """Rows Azure Table Storage reads for the naive filter: every row of the table
         (a filter on RowKey and properties without a PartitionKey is a table scan)."""
-        return 2 * (self.history + IN_FLIGHT) + IN_FLIGHT
+        return FINISHED_ROWS * self.history + IN_FLIGHT_ROWS * IN_FLIGHT + IN_FLIGHT
 
 
 class SweepBench:
@@ -80,18 +89,20 @@ class SweepBench:
     # -- data -------------------------------------------------------------------------------
 
     def add_in_flight(self) -> None:
-        """100 orders, Processing, indexed an hour ago and due in an hour (written by the app's store)."""
+        """100 orders mid-workflow, Processing, indexed an hour ago and due in an hour
+        (written by the app's store)."""
         long_ago = utcnow() - timedelta(hours=1)
 
         def one(i: int) -> None:
             order = OrderRequest.model_validate_json(order_body(f"inflight-{i:04d}", i))
-            self.store.import_order(order, in_flight_state(order.order_id, long_ago, due=long_ago + timedelta(hours=2)))
+            state, lines = in_flight_order(order.order_id, long_ago, due=long_ago + timedelta(hours=2))
+            self.store.import_order(order, state, lines)
 
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(one, range(IN_FLIGHT)))
 
     def add_history(self, count: int, *, processes: int = 2, threads: int = 4, progress=None) -> float:
-        """``count`` more finished orders, one transaction (order + state rows) each, from
+        """``count`` more finished orders, one transaction (order, state and step rows) each, from
         ``processes`` x ``threads`` writers; returns the seconds it took. ``progress`` is
         called with the number written so far."""
         from multiprocessing import get_context
@@ -153,28 +164,45 @@ class SweepBench:
         )
 
 
-def in_flight_state(order_id: str, claimed_at, *, due) -> OrderState:
-    """An order claimed at ``claimed_at`` for its first step, due at ``due``: as the
-    scheduler leaves it (the app's own lifecycle decisions)."""
-    pending = lifecycle.new_order(order_id, CURRENT, claimed_at, timedelta(seconds=30), None)
-    defaults = StepPolicy(timeout_seconds=(due - claimed_at).total_seconds(), max_failures=3)
-    claimed = lifecycle.claim(pending, CURRENT, "bench", claimed_at, defaults)
+def run_steps(order_id: str, at, steps: int, *, timeout: timedelta) -> tuple[OrderState, tuple[LineRecord, ...]]:
+    """An order claimed at ``at`` that has done its first ``steps`` steps, each answered at
+    once, by the app's own lifecycle decisions: its state (the next step claimed, due
+    ``timeout`` later; or Processed after the last step) and its step rows."""
+    defaults = StepPolicy(timeout_seconds=timeout.total_seconds(), max_failures=3)
+    pending = lifecycle.new_order(order_id, CURRENT, at, timedelta(seconds=30), None)
+    claimed = lifecycle.claim(pending, CURRENT, "bench", at, defaults)
     assert claimed is not None
-    return claimed.state
+    state, lines = claimed.state, []
+    for _ in range(steps):
+        step = CURRENT.steps[state.step_index]
+        response = AgentResponse(
+            order_id=order_id, step=step.name, kind=state.kind, attempt=state.attempt, outcome=Outcome.SUCCEEDED,
+            result={"step": step.name, "confirmation": "cnf-0123456789abcdef0123"}, context=Context(fence=state, order={}),
+        )
+        transition = lifecycle.complete(state, response, CURRENT, "bench", at, defaults)
+        assert transition is not None
+        state, lines = transition.state, [*lines, *transition.lines]
+    return state, tuple(lines)
 
 
-def finished_state(order_id: str, now) -> OrderState:
-    """An order that ran every step of its workflow and ended Processed."""
-    last = len(CURRENT.steps) - 1
-    return lifecycle.new_order(order_id, CURRENT, now, timedelta(seconds=30), None).model_copy(
-        update={"process_state": ProcessState.PROCESSED, "attempt": last + 1, "step_index": last,
-                "step": CURRENT.steps[last].name}
-    )
+def in_flight_order(order_id: str, claimed_at, *, due) -> tuple[OrderState, tuple[LineRecord, ...]]:
+    """An order mid-workflow: :data:`IN_FLIGHT_STEPS_DONE` steps done, the next one claimed
+    at ``claimed_at`` and due at ``due``, as the scheduler leaves it."""
+    state, lines = run_steps(order_id, claimed_at, IN_FLIGHT_STEPS_DONE, timeout=due - claimed_at)
+    assert state.process_state is ProcessState.PROCESSING
+    return state, lines
+
+
+def finished_order(order_id: str, now) -> tuple[OrderState, tuple[LineRecord, ...]]:
+    """An order that ran every step of its workflow and ended Processed, with its step rows."""
+    state, lines = run_steps(order_id, now, len(CURRENT.steps), timeout=timedelta(seconds=30))
+    assert state.process_state is ProcessState.PROCESSED
+    return state, lines
 
 
 def _write_history(job: tuple[str, str, int, int, int]) -> int:
     """In a worker process: finished orders ``first``..``end-1``, one transaction each
-    (the order and its Processed state, no index row), written by the app's store."""
+    (the order, its Processed state and its step rows, no index row), written by the app's store."""
     connection_string, table, first, end, threads = job
     from azure.data.tables import TableServiceClient
 
@@ -184,11 +212,11 @@ def _write_history(job: tuple[str, str, int, int, int]) -> int:
     store = StateStore(client)
     now = utcnow()
     order = OrderRequest.model_validate_json(order_body("done-0000000", 1))
-    state = finished_state(order.order_id, now)
+    state, lines = finished_order(order.order_id, now)
 
     def one(i: int) -> None:
         order_id = f"done-{i:07d}"
-        store.import_order(order.model_copy(update={"order_id": order_id}), state)
+        store.import_order(order.model_copy(update={"order_id": order_id}), state, lines)
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(one, range(first, end)))

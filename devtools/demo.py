@@ -69,17 +69,19 @@ REFUSING = ("payments", "shipping")
 #: How the orders scripted to end in Error fail, in turn: (what happens, the fake
 #: remote's script per service for that order). A script governs every call of its
 #: order (or order/action) at that service, so the rates do not touch these orders.
+#: Refusals are for good ("always:"), as a real service's are: an attempt whose answer
+#: came too late (under load) runs again, and must be refused again.
 ERROR_SCRIPTS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("shipping refuses; then the refund never answers in time (it hangs, not applied) until it gives up", {
+    ("ship refused, then the refund never answers in time (it hangs, not applied) and gives up", {
         "inventory": lambda o: {o: ["ok"]},
         "payments": lambda o: {o: ["ok"], f"{o}/refund": ["always:hang"]},
-        "shipping": lambda o: {o: ["permanent"]},
+        "shipping": lambda o: {o: ["always:permanent"]},
     }),
-    ("payments refuses; then the release is refused", {
+    ("charge refused, then the release is refused", {
         "inventory": lambda o: {o: ["ok"], f"{o}/release": ["always:permanent"]},
-        "payments": lambda o: {o: ["permanent"]},
+        "payments": lambda o: {o: ["always:permanent"]},
     }),
-    ("shipping never answers in time, and a ship cannot be undone", {
+    ("ship never answers in time (slow, applied) and gives up, and a ship cannot be undone", {
         "inventory": lambda o: {o: ["ok"]},
         "payments": lambda o: {o: ["ok"]},
         "shipping": lambda o: {o: ["always:slow"]},
@@ -233,7 +235,7 @@ def picture(samples: list[Sample], path: Path) -> None:
 
     t = [s.t for s in samples]
     last = samples[-1].counts if samples else {state: 0 for state in STATES}
-    fig, ax = plt.subplots(figsize=(10, 5), dpi=110)
+    fig, ax = plt.subplots(figsize=(11.5, 5), dpi=110)
     ax.stackplot(t, *[[s.counts[state] for s in samples] for state in STATES],
                  labels=[f"{state} ({last[state]})" if state in FINAL else state for state in STATES],
                  colors=[COLOURS[s] for s in STATES], alpha=0.85)
@@ -249,7 +251,7 @@ def picture(samples: list[Sample], path: Path) -> None:
     ax.set_ylabel("orders")
     ax.set_title("Orders per state over time: reserve → charge → ship, undone when refused")
     handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles[::-1], labels[::-1], loc="center right", fontsize=8)
+    ax.legend(handles[::-1], labels[::-1], loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     ax.margins(x=0)
     fig.tight_layout()
     fig.savefig(path)
@@ -304,7 +306,8 @@ def build_checks(
     checks.append(Check(
         "one alert per Error order, naming the undos that failed", not wrong and not misnamed,
         f"{len(alerts)} alerts, {len(errors)} Error orders"
-        + (f"; not exactly one: {wrong[:5]}" if wrong else "") + (f"; wrong undos named: {misnamed[:5]}" if misnamed else ""),
+        + (f"; not exactly one: {wrong[:5]}" if wrong else "")
+        + (f"; wrong undos named: {misnamed[:5]}" if misnamed else ""),
     ))
     not_error = sorted(o for o in scripted if o in states and states[o].process_state is not ProcessState.ERROR)
     checks.append(Check(f"the {len(scripted)} orders scripted to fail end in Error", not not_error,
@@ -416,7 +419,8 @@ def _supervisor(records: dict[str, OrderRecord]) -> tuple[int, int]:
 def _why(state: OrderState) -> str:
     """Why an order is in Error, in a few words."""
     if state.kind is Kind.COMPENSATION:
-        return f"undoing it, because {state.cause or state.last_error}"
+        cause = (state.cause or state.last_error or "").split(": {", 1)[0]  # the remote's answer left out
+        return f"undoing it, because {cause}"
     return f"step {state.step} gave up (outcome unknown) and cannot be undone"
 
 
@@ -432,7 +436,8 @@ def print_summary(summary: Summary) -> None:
         ("invalid messages rejected", str(summary.rejected)),
         ("not in a final state at the end", str(summary.not_terminal)),
         ("remote faults retried by the agents (503, slow...)", str(summary.agent_retries)),
-        ("supervisor resets (deadline passed) / give-ups", f"{summary.supervisor_resets} / {summary.supervisor_give_ups}"),
+        ("supervisor resets (deadline passed) / give-ups",
+         f"{summary.supervisor_resets} / {summary.supervisor_give_ups}"),
         ("alerts", str(summary.alerts)),
         *((f"{service}: applied / undone / left applied", f"{e['applied']} / {e['undone']} / {e['left']}")
           for service, e in summary.remote_effects.items()),
@@ -464,10 +469,15 @@ def print_summary(summary: Summary) -> None:
 def main(
     orders: Annotated[int, typer.Option(min=1, help="Valid orders to send.")] = 200,
     invalid: Annotated[int, typer.Option(min=0, help="Invalid messages (from the bad-input corpus) mixed in.")] = 5,
-    transient: Annotated[float, typer.Option(min=0, max=1, help="Share of calls failing with 503, at every service.")] = 0.10,
-    slow: Annotated[float, typer.Option(min=0, max=1, help="Share of calls answered after the deadline (applied), at every service.")] = 0.03,
-    permanent: Annotated[float, typer.Option(min=0, max=1, help="Share of calls payments and shipping refuse (422): the order is undone.")] = 0.03,
-    errors: Annotated[int, typer.Option(min=0, help="Orders scripted to end in Error: a refund that never answers in time, a release refused, a ship never answered in time, in turn.")] = 3,
+    transient: Annotated[float, typer.Option(
+        min=0, max=1, help="Share of calls failing with 503, at every service.")] = 0.10,
+    slow: Annotated[float, typer.Option(
+        min=0, max=1, help="Share of calls answered after the step's deadline (applied), at every service.")] = 0.03,
+    permanent: Annotated[float, typer.Option(
+        min=0, max=1, help="Share of calls payments and shipping refuse for good (422): the order is undone.")] = 0.03,
+    errors: Annotated[int, typer.Option(
+        min=0, help="Orders scripted to end in Error, in turn: a refund that never answers in time, "
+        "a release refused, a ship that never answers in time.")] = 3,
     hosts: Annotated[int, typer.Option(min=1, max=4, help="Local Functions host processes.")] = 2,
     time_limit: Annotated[float, typer.Option(help="Stop waiting after this many seconds.")] = 300.0,
     seed: Annotated[int, typer.Option(help="Seed of the fault draws.")] = 1,

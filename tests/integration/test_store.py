@@ -142,6 +142,43 @@ def test_a_step_ends_and_the_next_starts_in_one_transaction_guarded_by_the_state
     assert orders_table.get_entity(claimed.order_id, "step-01-reserve")["LineState"] == "Done"
 
 
+def test_import_order_writes_a_finished_order_with_its_step_rows_in_one_transaction(store):
+    """As the app leaves a finished order: order, Processed state and one row per step; not indexed."""
+    now = utcnow()
+    order = OrderRequest.model_validate_json(order_json("imported-1"))
+    state = lifecycle.new_order("any-id", ORDER_WORKFLOW, now, PENDING, None)
+    state = lifecycle.claim(state, ORDER_WORKFLOW, "i1", now, DEFAULTS).state
+    lines = []
+    for step in ORDER_WORKFLOW.steps:
+        response = AgentResponse(
+            order_id=state.order_id, step=step.name, kind=state.kind, attempt=state.attempt,
+            outcome=Outcome.SUCCEEDED, result={"done": step.name}, context=Context(fence=state, order={}),
+        )
+        transition = lifecycle.complete(state, response, ORDER_WORKFLOW, "i1", now, DEFAULTS)
+        state, lines = transition.state, [*lines, *transition.lines]
+    assert state.process_state is ProcessState.PROCESSED
+
+    store.ops.clear()
+    store.import_order(order, state, lines)
+    assert store.ops == {"transaction": 1}
+    record = store.read("imported-1")
+    assert record.document == order.document() and record.state.process_state is ProcessState.PROCESSED
+    assert [(line.order_id, line.step, line.state) for line in record.lines] == [
+        ("imported-1", step.name, LineState.DONE) for step in ORDER_WORKFLOW.steps
+    ]
+    assert record.results() == {step.name: {"done": step.name} for step in ORDER_WORKFLOW.steps}
+    assert store.active_ids() == []
+
+
+def test_import_order_indexes_an_order_in_flight(store):
+    now = utcnow()
+    order = OrderRequest.model_validate_json(order_json("imported-2"))
+    state = lifecycle.new_order("imported-2", ORDER_WORKFLOW, now, PENDING, None)
+    store.import_order(order, state)
+    assert store.read("imported-2").lines == ()
+    assert [row[0] for row in store.active_ids()] == ["imported-2"]
+
+
 def test_missing_order_is_not_found(store):
     with pytest.raises(OrderNotFound):
         store.get("nope")
