@@ -60,13 +60,15 @@ def transport() -> RequestsTransport:
     return RequestsTransport(session=session, session_owner=True, use_env_settings=False)
 
 
-def credential(client_id: str | None):
-    """Managed identity when a client id is configured (user-assigned), else the default chain."""
-    from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
+def credential(client_id: str | None, *, aio: bool = False):
+    """Managed identity when a client id is configured (user-assigned), else the default
+    chain; ``aio`` for the async clients (azure.identity.aio, over aiohttp)."""
+    import importlib
 
+    identity = importlib.import_module("azure.identity.aio" if aio else "azure.identity")
     if client_id:
-        return ManagedIdentityCredential(client_id=client_id)
-    return DefaultAzureCredential()
+        return identity.ManagedIdentityCredential(client_id=client_id)
+    return identity.DefaultAzureCredential()
 
 
 def table_service(settings: Settings):
@@ -97,22 +99,13 @@ def queue_client(settings: Settings, queue_name: str):
     return QueueClient(endpoint, queue_name, credential=credential(settings.storage_client_id), **options)
 
 
-def async_credential(client_id: str | None):
-    """As :func:`credential`, for the async clients (needs aiohttp, pinned)."""
-    from azure.identity.aio import DefaultAzureCredential, ManagedIdentityCredential
-
-    if client_id:
-        return ManagedIdentityCredential(client_id=client_id)
-    return DefaultAzureCredential()
-
-
 def async_servicebus_client(settings: Settings):
     """A Service Bus client for ``async`` functions (created on the running event loop)."""
     from azure.servicebus.aio import ServiceBusClient
 
     if settings.servicebus_connection_string:
         return ServiceBusClient.from_connection_string(settings.servicebus_connection_string)
-    return ServiceBusClient(settings.servicebus_namespace, async_credential(settings.servicebus_client_id))
+    return ServiceBusClient(settings.servicebus_namespace, credential(settings.servicebus_client_id, aio=True))
 
 
 def servicebus_client(settings: Settings):
