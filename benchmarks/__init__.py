@@ -1,17 +1,21 @@
 """Benchmarks of the app on the local stack (``make bench`` / ``python -m benchmarks``).
 
-One run measures, and writes to ``BENCHMARKS.md``:
+One run measures, per step of the order workflow (``core.workflow.CURRENT``) with each
+order's fixed part beside it, and writes to ``BENCHMARKS.md``:
 
-- ``ceiling``: the raw cost of every storage and messaging operation an order needs,
-  measured with the app's own SDK client settings, turned into a ceiling in orders/s;
-- ``pipeline``: orders/s end to end with 1 and 2 local host processes, against the ceiling;
-- ``latency``: submission -> Processed at a light steady load;
-- ``ops``: table, storage-queue and Service Bus operations per order, counted at the
-  servers (Azurite's debug log, the Service Bus emulator's own operation counters);
+- ``ceiling``: the raw cost of every storage and messaging operation a step (and an
+  order's fixed part) needs, measured with the app's own SDK client settings, turned
+  into a ceiling in steps/s;
+- ``pipeline``: steps/s end to end with 1 and 2 local host processes, against the ceiling;
+- ``latency``: the p50 of a step hop (one step recorded -> the next) at a light load, and
+  submission -> Processed;
+- ``ops``: table, storage-queue and Service Bus operations per step and per order (fixed
+  part), counted at the servers (Azurite's debug log, read by role; the Service Bus
+  emulator's own operation counters, by queue);
 - ``idle``: operations per minute with no orders;
-- ``sweep``: the supervisor's sweep beside 0 / 10,000 / 100,000 finished orders,
-  next to the naive full-table filter;
-- ``recovery``: a host killed mid-call -> the order Processed on another host.
+- ``sweep``: the supervisor's sweep beside 0 / 10,000 / 100,000 finished orders (5 rows
+  each), next to the naive full-table filter;
+- ``recovery``: a host killed mid-call at a middle step -> the order Processed on another host.
 
 The chaos soak (``make soak`` / ``python -m benchmarks.soak``, :mod:`benchmarks.soak`)
 runs on its own and writes the report's chaos soak section, which ``make bench`` keeps.

@@ -13,9 +13,9 @@ from devtools.paths import ROOT
 
 
 def main(
-    quick: Annotated[bool, typer.Option(help="A ~2-minute smoke run: fewer operations and orders, shorter windows.")] = False,
+    quick: Annotated[bool, typer.Option(help="A ~4-minute smoke run: fewer operations and orders, shorter windows.")] = False,
     phases: Annotated[str, typer.Option(help=f"Comma-separated phases to run, of: {', '.join(PHASES)}.")] = ",".join(PHASES),
-    sweep_100k: Annotated[bool, typer.Option(help="Add the 100,000 finished orders step to the sweep (~8 more minutes).")] = False,
+    sweep_100k: Annotated[bool, typer.Option(help="Add the 100,000 finished orders step to the sweep (~13 more minutes).")] = False,
     out: Annotated[Path, typer.Option(help="Where to write the report (Markdown).")] = ROOT / "BENCHMARKS.md",
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write every figure as JSON here.")] = None,
     keep_logs: Annotated[bool, typer.Option(help="Keep the stacks' logs (printed at the end).")] = False,
