@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     breaker_failure_threshold: int = _setting("BREAKER_FAILURE_THRESHOLD", 5, ge=1, le=1000)
     #: How long the breaker stays open before one trial call.
     breaker_open_seconds: PositiveSeconds = _setting("BREAKER_OPEN_SECONDS", 30.0)
+    #: A line postponed this many times in a row (its service down, or failing that one
+    #: line every time) counts one failed attempt: an outage of about this many open
+    #: periods per failure, MAX_FAILURES failures, before the order is undone.
+    max_postponements: int = _setting("MAX_POSTPONEMENTS", 10, ge=1, le=1000)
     #: The bulkhead: calls to one remote service in flight from one host instance at most.
     remote_max_concurrent_calls: int = _setting("REMOTE_MAX_CONCURRENT_CALLS", 16, ge=1, le=1000)
 

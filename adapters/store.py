@@ -99,6 +99,7 @@ _STATE_FIELDS = {
     "cause": "Cause",
     "gave_up": "GaveUp",
     "max_failures": "MaxFailures",
+    "postponements": "Postponements",
 }
 #: Optional values are written as "" (or 0) rather than left out: a MERGE that leaves
 #: a property out keeps its old value, so clearing LockedBy must write something.

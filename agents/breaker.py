@@ -1,18 +1,24 @@
 """A circuit breaker per remote service per host instance: stop calling a service that is
 down, resume by itself.
 
-- closed: calls go through; ``failure_threshold`` transient failures in a row open it.
+- closed: calls go through; ``failure_threshold`` requests in a row that failed
+  transiently open it (a request's own retries count once: one bad request alone
+  does not take a service out for everyone).
 - open: no call for ``open_seconds``; the agent postpones its line instead of failing it.
 - half-open: after that, one trial call at a time; a success closes it, a failure
   opens it again.
 
 A permanent refusal (4xx) is an answer from a service that is up: it counts as a
-success here. No I/O: the clock is injected, so the states are tested without waiting.
+success here. The wait a refused caller is told carries up to ``jitter`` of the open
+time on top, so the lines postponed together do not all come back at the same moment
+and the same line is not always the trial. No I/O: the clock and the randomness are
+injected, so the states are tested without waiting.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections import Counter
@@ -40,12 +46,15 @@ class BreakerOpen(Exception):
 class CircuitBreaker:
     def __init__(
         self, service: str, *, failure_threshold: int, open_seconds: float,
-        clock: Callable[[], float] = time.monotonic,
+        jitter: float = 0.25, clock: Callable[[], float] = time.monotonic,
+        random_fraction: Callable[[], float] = random.random,
     ) -> None:
         self.service = service
         self.failure_threshold = failure_threshold
         self.open_seconds = open_seconds
+        self.jitter = jitter
         self._clock = clock
+        self._random = random_fraction
         self._lock = threading.Lock()
         self._state = BreakerState.CLOSED
         self._failures = 0
@@ -69,8 +78,8 @@ class CircuitBreaker:
             if self._state is BreakerState.HALF_OPEN and not self._trial:
                 self._trial = True
                 return
-            wait = self._opened_at + self.open_seconds - self._clock()
-            raise BreakerOpen(self.service, max(wait, 1.0))
+            wait = max(self._opened_at + self.open_seconds - self._clock(), 1.0)
+            raise BreakerOpen(self.service, wait + self.jitter * self.open_seconds * self._random())
 
     def succeeded(self) -> None:
         with self._lock:
@@ -78,10 +87,12 @@ class CircuitBreaker:
             if self._state is not BreakerState.CLOSED:
                 self._enter(BreakerState.CLOSED)
 
-    def failed(self) -> None:
+    def failed(self, *, counts: bool = True) -> None:
+        """A transient failure. ``counts=False`` for a retry of a request whose failure
+        was counted already: it still ends a trial (and reopens), but adds nothing."""
         with self._lock:
             self._trial = False
-            self._failures += 1
+            self._failures += 1 if counts else 0
             if self._state is BreakerState.HALF_OPEN or (
                 self._state is BreakerState.CLOSED and self._failures >= self.failure_threshold
             ):

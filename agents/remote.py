@@ -14,6 +14,7 @@ import email.utils
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -69,6 +70,13 @@ def _retry_after(value: str | None) -> float | None:
 def complete_by_header(when: datetime) -> str:
     """RFC 3339 UTC with milliseconds, e.g. ``2026-11-23T10:15:30.123Z``."""
     return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass
+class _Tally:
+    """One request's calls (its retries): has a transient failure been counted yet?"""
+
+    failed: bool = False
 
 
 class RemoteClient:
@@ -139,6 +147,7 @@ class RemoteClient:
         def past_deadline(state: RetryCallState) -> bool:
             return time_left() - (state.upcoming_sleep or 0.0) < MIN_CALL_SECONDS
 
+        tally = _Tally()
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(TransientRemoteError),
             wait=wait,
@@ -151,7 +160,7 @@ class RemoteClient:
                 left = time_left()
                 if left < MIN_CALL_SECONDS:
                     raise DeadlineReached(f"complete-by {request.complete_by.isoformat()} reached")
-                return await self._post(request, timeout=min(self.call_timeout, left), time_left=time_left)
+                return await self._post(request, timeout=min(self.call_timeout, left), time_left=time_left, tally=tally)
         raise AssertionError("unreachable")  # pragma: no cover - AsyncRetrying returns or raises
 
     async def lookup(
@@ -166,7 +175,9 @@ class RemoteClient:
 
         url = f"{self.base_url}/{request.action}/{request.idempotency_key}"
         try:
-            status, text, _ = await self._request("GET", url, None, {}, min(self.call_timeout, time_left()), time_left)
+            status, text, _ = await self._request(
+                "GET", url, None, {}, min(self.call_timeout, time_left()), time_left, _Tally()
+            )
         except TransientRemoteError as error:
             log.info("lookup %s failed (%s): sending the action", url, error)
             return None
@@ -181,11 +192,11 @@ class RemoteClient:
 
     async def _request(
         self, method: str, url: str, body: dict | None, headers: dict[str, str], timeout: float,
-        time_left: Callable[[], float],
+        time_left: Callable[[], float], tally: _Tally,
     ) -> tuple[int, str, str | None]:
         """One call through the breaker and the bulkhead: (status, text, Retry-After).
-        Transient failures are recorded by the breaker; a wait for a bulkhead slot never
-        outlasts the deadline."""
+        Transient failures are recorded by the breaker, once per request (``tally``); a
+        wait for a bulkhead slot never outlasts the deadline."""
         if self.breaker is not None:
             self.breaker.before_call()
         try:
@@ -198,18 +209,25 @@ class RemoteClient:
             ) as response:
                 status, text, retry_after = response.status, await response.text(), response.headers.get("Retry-After")
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-            self._record(ok=False)
+            self._record(ok=False, tally=tally)
             raise TransientRemoteError(f"{type(error).__name__}: {error}") from error
         finally:
             self._bulkhead().release()
-        self._record(ok=status not in TRANSIENT_STATUS)
+        self._record(ok=status not in TRANSIENT_STATUS, tally=tally)
         return status, text, retry_after
 
-    def _record(self, *, ok: bool) -> None:
-        if self.breaker is not None:
-            self.breaker.succeeded() if ok else self.breaker.failed()
+    def _record(self, *, ok: bool, tally: _Tally) -> None:
+        if self.breaker is None:
+            return
+        if ok:
+            self.breaker.succeeded()
+        else:
+            self.breaker.failed(counts=not tally.failed)
+            tally.failed = True
 
-    async def _post(self, request: AgentRequest, *, timeout: float, time_left: Callable[[], float]) -> dict[str, Any]:
+    async def _post(
+        self, request: AgentRequest, *, timeout: float, time_left: Callable[[], float], tally: _Tally
+    ) -> dict[str, Any]:
         body = {
             "order_id": request.order_id,
             "step": request.step,
@@ -221,7 +239,7 @@ class RemoteClient:
             body["result"] = request.result
         headers = {"Idempotency-Key": request.idempotency_key, "Complete-By": complete_by_header(request.complete_by)}
         status, text, retry_after = await self._request(
-            "POST", f"{self.base_url}/{request.action}", body, headers, timeout, time_left
+            "POST", f"{self.base_url}/{request.action}", body, headers, timeout, time_left, tally
         )
         retry_after = _retry_after(retry_after)
         if status in TRANSIENT_STATUS:

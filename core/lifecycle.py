@@ -84,6 +84,8 @@ def _start(
     """Processing for line (index, kind), claimed by ``instance`` with a new attempt."""
     step = workflow.steps[index]
     policy = step.policy.over(defaults)
+    if (index, kind) != (state.step_index, state.kind):
+        changes.setdefault("postponements", 0)  # a new line starts with none
     return state.model_copy(
         update={
             "process_state": ProcessState.PROCESSING,
@@ -107,6 +109,7 @@ def _end(state: OrderState, end: ProcessState, now: datetime, last_error: str | 
             "process_state": end,
             "locked_by": None,
             "gave_up": False,
+            "postponements": 0,
             "last_error": _error(last_error),
             "updated_at": now,
             **changes,
@@ -198,23 +201,37 @@ def complete(
     )
 
 
-def postpone(state: OrderState, response: AgentResponse, now: datetime, pending_timeout: timedelta) -> Transition | None:
+def postpone(
+    state: OrderState, response: AgentResponse, now: datetime, pending_timeout: timedelta, max_postponements: int
+) -> Transition | None:
     """The remote service is down (the agent's breaker is open): the current line was
     not run and did not fail. Back to Pending, due after the wait; no failure counted,
-    and the supervisor sees a deadline after the wait, so it counts no miss either."""
+    and the supervisor sees a deadline after the wait, so it counts no miss either.
+
+    A wait is not endless: the ``max_postponements``-th postponement in a row counts as
+    one failed attempt (the count starts again), so a service that stays down, or that
+    fails this one line every time, ends in the failure path like any other failure.
+    """
     if not accepts_response(state, response):
         return None
     wait = timedelta(seconds=max(0.0, response.retry_after_seconds or 0.0))
+    reason = _error(response.error or f"{state.step}: remote service unavailable")
+    common = {"process_state": ProcessState.PENDING, "locked_by": None, "updated_at": now}
+    postponements = state.postponements + 1
+    if postponements < max_postponements:
+        changes = {"postponements": postponements, "last_error": reason, "complete_by": now + wait + pending_timeout}
+        return Transition(state.model_copy(update={**common, **changes}), nudge_delay=wait)
+    failures = state.failure_count + 1
+    counted = f"postponed {postponements} times in a row, counted as a failed attempt; last: {reason}"
+    if state.max_failures is not None and failures >= state.max_failures:
+        # Out of failures: hand the line back at once for the scheduler's give-up.
+        given_up = _error(f"gave up after {failures} failed attempts; {counted}")
+        changes = {"gave_up": True, "complete_by": now + pending_timeout, "last_error": given_up}
+        wait = timedelta(0)
+    else:
+        changes = {"last_error": _error(counted), "complete_by": now + wait + pending_timeout}
     return Transition(
-        state.model_copy(
-            update={
-                "process_state": ProcessState.PENDING,
-                "locked_by": None,
-                "complete_by": now + wait + pending_timeout,
-                "last_error": _error(response.error or f"{state.step}: remote service unavailable"),
-                "updated_at": now,
-            }
-        ),
+        state.model_copy(update={**common, **changes, "failure_count": failures, "postponements": 0}),
         nudge_delay=wait,
     )
 
@@ -327,6 +344,7 @@ def resubmit(state: OrderState, now: datetime, pending_timeout: timedelta) -> Or
         update={
             "process_state": ProcessState.PENDING,
             "failure_count": 0,
+            "postponements": 0,
             "gave_up": False,
             "locked_by": None,
             "complete_by": now + pending_timeout,

@@ -178,6 +178,9 @@ class OrderState(BaseModel):
     gave_up: bool = False
     #: The current line's failure limit, set at its claim (None: the supervisor's default).
     max_failures: int | None = None
+    #: Times in a row the current line was postponed because its remote service was
+    #: down (an agent's circuit breaker was open); a cap turns a long wait into a failure.
+    postponements: int = 0
     #: The row's ETag when it was read (not stored); every transition is If-Match on it.
     etag: str | None = None
 

@@ -25,6 +25,7 @@ def scheduler(s: Services) -> dispatch.Scheduler:
         alerts_queue=s.settings.alerts_queue,
         nudger=s.nudger,
         pending_timeout=s.settings.pending_timeout,
+        max_postponements=s.settings.max_postponements,
     )
 
 

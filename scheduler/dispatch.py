@@ -55,6 +55,8 @@ class Scheduler:
     #: Nudges the scheduler again later (a line postponed while its remote is down).
     nudger: Nudger
     pending_timeout: timedelta
+    #: Postponements in a row of one line (its remote down) that count as one failure.
+    max_postponements: int
 
 
 def schedule(nudge: Nudge, *, scheduler: Scheduler, now: datetime) -> AgentRequest | None:
@@ -90,7 +92,7 @@ def record(response: AgentResponse, *, scheduler: Scheduler, now: datetime) -> O
 
     def decide(state: OrderState, definition: Workflow) -> Transition | None:
         if response.outcome is Outcome.POSTPONED:
-            return lifecycle.postpone(state, response, now, scheduler.pending_timeout)
+            return lifecycle.postpone(state, response, now, scheduler.pending_timeout, scheduler.max_postponements)
         return lifecycle.complete(state, response, definition, scheduler.instance, now, scheduler.defaults)
 
     written = _apply(scheduler.store, response.order_id, snapshot, now, decide)

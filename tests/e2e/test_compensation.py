@@ -147,10 +147,32 @@ def test_exhausted_charge_is_refunded_although_its_outcome_is_unknown_then_relea
     stack.assert_remote_clean()
 
 
+def test_an_undo_the_service_fails_every_time_is_not_postponed_forever(stack):
+    # The refund answers 503 to this one order, every time. Its own retries count once
+    # toward payments' circuit breaker; here it opens at once (threshold 1), so every
+    # attempt ends postponed, and the re-nudges meet the half-open trial again and
+    # again. The cap on postponements turns that into failed attempts: the refund
+    # fails, the release still runs, and the order stops in Error with one alert.
+    stack.remote.set_faults(script={"p-1/ship": ["permanent"], "p-1/refund": ["always:transient"]})
+    stack.start_hosts(MAX_FAILURES="2", BREAKER_FAILURE_THRESHOLD="1", MAX_POSTPONEMENTS="3")
+    stack.send([("p-1", order_json("p-1"))])
+
+    state = stack.wait_closed(["p-1"], timeout=60)["p-1"]
+    assert state.process_state is ProcessState.ERROR and state.failed == (1,)
+    assert line_states(stack, "p-1") == {
+        ("reserve", A): "Done", ("charge", A): "Done", ("ship", A): "Refused",
+        ("charge", C): "Failed", ("reserve", C): "Done",
+    }
+    assert "postponed 3 times in a row" in stack.lines("p-1")[("charge", C)].last_error
+    assert [(a["order_id"], a["failed_compensations"]) for a in stack.all_alerts()] == [("p-1", ["charge"])]
+    # 2 failures x 3 postponements: the refund was claimed at least 6 times.
+    assert [c.action for c in stack.claims("p-1")].count("refund") >= 6
+    assert stack.remote.net("p-1") == {"inventory": {"reserve": 0}, "payments": {"charge": 1}}
+    stack.assert_remote_clean()
+
+
 def test_a_failing_compensation_ends_in_error_with_one_alert_and_resubmit_finishes_it(stack, tmp_path):
-    # The release never answers: each attempt (one call) times out. (A release refused
-    # with 5xx would open the agent's circuit breaker and wait, postponed, for the
-    # service to come back: an outage is not a failure.)
+    # The release never answers: each attempt (one call) times out.
     stack.remote.set_faults(script={"d-1/ship": ["permanent"], "d-1/release": ["always:hang"]}, slow_seconds=30)
     stack.start_hosts(MAX_FAILURES="2", AGENT_MAX_CALLS="1", REMOTE_CALL_TIMEOUT_SECONDS="2")
     stack.send([("d-1", order_json("d-1"))])

@@ -146,27 +146,31 @@ def test_the_response_echoes_the_context_for_the_scheduler(fake_remote):
 def test_an_open_breaker_postpones_the_step_without_calling_the_service(fake_remote):
     from agents.breaker import CircuitBreaker
 
-    fake_remote.set_faults(script={"o-1": ["always:transient"]})
+    fake_remote.set_faults(script={f"o-{i}": ["always:transient"] for i in range(1, 5)})
     remote = RemoteClient(
         fake_remote.base_url("inventory"), call_timeout=5.0,
-        breaker=CircuitBreaker("inventory", failure_threshold=3, open_seconds=30),
+        breaker=CircuitBreaker("inventory", failure_threshold=3, open_seconds=30, jitter=0.0),
     )
+    retrying = AgentPolicy(max_calls=4, backoff_initial=0.01, backoff_max=0.02)
 
-    async def two_requests():
-        first = await agent.run(request(policy=AgentPolicy(max_calls=6, backoff_initial=0.01, backoff_max=0.02)),
-                                remote=remote, now=utcnow)
+    async def four_requests():
+        failed = [await agent.run(request(f"o-{i}", policy=retrying), remote=remote, now=utcnow) for i in (1, 2)]
         calls = fake_remote.effects()["calls"]
-        second = await agent.run(request("o-2"), remote=remote, now=utcnow)
+        third = await agent.run(request("o-3", policy=retrying), remote=remote, now=utcnow)
+        fourth = await agent.run(request("o-4"), remote=remote, now=utcnow)
         await remote.close()
-        return first, calls, second
+        return failed, calls, third, fourth
 
-    first, calls, second = asyncio.run(two_requests())
-    # The breaker opened on the third failure: the first step stopped there and was postponed...
-    assert first.outcome is Outcome.POSTPONED and calls == 3
-    assert 29 <= first.retry_after_seconds <= 30
+    failed, calls, third, fourth = asyncio.run(four_requests())
+    # A request's own retries count once: two requests used all their calls and the
+    # breaker stayed closed (each attempt ran out; the supervisor retries those)...
+    assert failed == [None, None] and calls == 8
+    # ...the third request's first failure opened it: that step stopped there, postponed...
+    assert third.outcome is Outcome.POSTPONED and fake_remote.effects()["calls"] == 9
+    assert 29 <= third.retry_after_seconds <= 30
     # ...and the next step for that service was not sent at all.
-    assert second.outcome is Outcome.POSTPONED
-    assert fake_remote.effects()["calls"] == 3
+    assert fourth.outcome is Outcome.POSTPONED
+    assert fake_remote.effects()["calls"] == 9
 
 
 def test_an_unknown_outcome_is_settled_by_lookup_without_a_second_post(fake_remote):

@@ -13,8 +13,10 @@ class Clock:
         return self.now
 
 
-def breaker(clock) -> CircuitBreaker:
-    return CircuitBreaker("payments", failure_threshold=3, open_seconds=30, clock=clock)
+def breaker(clock, fraction: float = 0.0) -> CircuitBreaker:
+    return CircuitBreaker(
+        "payments", failure_threshold=3, open_seconds=30, jitter=0.25, clock=clock, random_fraction=lambda: fraction
+    )
 
 
 def test_it_opens_after_the_threshold_of_failures_in_a_row_and_refuses_calls():
@@ -63,3 +65,41 @@ def test_a_failed_trial_opens_it_again_for_a_full_period():
     clock.now += 29
     with pytest.raises(BreakerOpen):
         b.before_call()
+
+
+def test_retries_of_one_request_count_once_so_one_bad_request_cannot_open_it():
+    clock = Clock()
+    b = breaker(clock)
+    b.failed()
+    for _ in range(10):
+        b.failed(counts=False)  # the same request retrying
+    assert b.state is BreakerState.CLOSED
+    b.failed()
+    b.failed()  # three requests in a row
+    assert b.state is BreakerState.OPEN
+
+
+def test_an_uncounted_failure_still_ends_the_trial_and_reopens():
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.failed()
+    clock.now += 30
+    b.before_call()  # a retry of a request already counted takes the trial...
+    b.failed(counts=False)
+    assert b.state is BreakerState.OPEN  # ...and its failure reopens: the trial is not stuck
+    clock.now += 30
+    b.before_call()  # the next period's trial goes
+    b.succeeded()
+    assert b.state is BreakerState.CLOSED
+
+
+def test_the_wait_told_to_callers_is_spread_by_the_jitter():
+    clock = Clock()
+    b = breaker(clock, fraction=1.0)
+    for _ in range(3):
+        b.failed()
+    clock.now += 10
+    with pytest.raises(BreakerOpen) as refused:
+        b.before_call()
+    assert refused.value.retry_after == pytest.approx(20 + 0.25 * 30)

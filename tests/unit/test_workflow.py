@@ -35,6 +35,7 @@ T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
 DEFAULTS = StepPolicy(
     timeout_seconds=30, max_failures=3, agent_max_calls=3, agent_backoff_initial=0.1, agent_backoff_max=1
 )
+MAX_POSTPONEMENTS = 4
 POLICY = SupervisorPolicy(
     max_failures=3,
     step_timeout=timedelta(seconds=30),
@@ -92,6 +93,7 @@ class World:
             alerts_queue="alerts",
             nudger=self.nudger,
             pending_timeout=timedelta(seconds=30),
+            max_postponements=MAX_POSTPONEMENTS,
         )
 
     def submit(self, order_id: str = "o-1") -> str:
@@ -471,6 +473,52 @@ def test_a_postponed_line_waits_without_a_failure_and_the_supervisor_counts_no_m
     dispatch.schedule(nudge, scheduler=w.scheduler, now=w.now)
     assert (w.last.step, w.last.idempotency_key, w.last.settle_first) == ("charge", charge.idempotency_key, False)
     assert w.state().failure_count == 0
+
+
+def test_a_line_postponed_again_and_again_counts_failures_and_ends_in_the_failure_path():
+    """A remote that stays down, or fails this one line every time, cannot keep an order
+    waiting forever: every MAX_POSTPONEMENTS-th postponement in a row is a failed
+    attempt, and at MAX_FAILURES the line is given up (here: charge, undone with reserve)."""
+    w = World()
+    w.submit()
+    w.answer()  # reserve done
+
+    def postpone_until_counted():
+        for n in range(1, MAX_POSTPONEMENTS + 1):
+            w.answer(Outcome.POSTPONED)
+            state = w.state()
+            assert state.postponements == n % MAX_POSTPONEMENTS
+            nudge, delay = w.nudger.nudges[-1]
+            w.now += delay
+            dispatch.schedule(nudge, scheduler=w.scheduler, now=w.now)
+
+    postpone_until_counted()
+    state = w.state()
+    assert (state.step, state.failure_count, state.postponements) == ("charge", 1, 0)
+    assert f"postponed {MAX_POSTPONEMENTS} times in a row" in state.last_error
+    postpone_until_counted()
+    assert w.state().failure_count == 2
+    postpone_until_counted()  # the third failure gives up: charge's outcome is unknown, undo it and reserve
+    assert w.sent()[-1] == ("compensation", "refund")
+    w.answer()
+    w.answer()
+    state = w.state()
+    assert state.process_state is ProcessState.COMPENSATED and state.postponements == 0
+    assert w.lines()[("charge", Kind.ACTION)] is LineState.EXHAUSTED
+
+
+def test_postponements_are_counted_per_line():
+    w = World()
+    w.submit()
+    for _ in range(MAX_POSTPONEMENTS - 1):
+        w.answer(Outcome.POSTPONED)
+        nudge, delay = w.nudger.nudges[-1]
+        w.now += delay
+        dispatch.schedule(nudge, scheduler=w.scheduler, now=w.now)
+    w.answer()  # reserve done at last: charge starts with no postponement and no failure
+    assert (w.state().step, w.state().postponements, w.state().failure_count) == ("charge", 0, 0)
+    w.answer(Outcome.POSTPONED)
+    assert (w.state().postponements, w.state().failure_count) == (1, 0)
 
 
 def test_after_an_attempt_timed_out_the_agent_is_asked_to_settle_first_where_the_remote_offers_a_lookup():
