@@ -73,18 +73,23 @@ async def handle(msg: func.ServiceBusMessage, remote: str) -> None:
         await r.publisher.send_agent_response(response, queue=msg.reply_to or r.settings.agent_responses_queue)
 
 
-def _register(remote: str) -> None:
-    async def run_agent(msg: func.ServiceBusMessage) -> None:
-        await handle(msg, remote)
-
+def bind(blueprint: func.Blueprint, remote: str, run_agent) -> None:
+    """Register ``run_agent`` as ``remote``'s agent function, on its request queue."""
     run_agent.__name__ = run_agent.__qualname__ = names.agent_function(remote)
-    bp.function_name(names.agent_function(remote))(
-        bp.service_bus_queue_trigger(
+    blueprint.function_name(names.agent_function(remote))(
+        blueprint.service_bus_queue_trigger(
             arg_name="msg",
             queue_name=f"%{names.requests_queue_setting(remote)}%",
             connection=names.SERVICEBUS_CONNECTION,
         )(run_agent)
     )
+
+
+def _register(remote: str) -> None:
+    async def run_agent(msg: func.ServiceBusMessage) -> None:
+        await handle(msg, remote)
+
+    bind(bp, remote, run_agent)
 
 
 for _remote in remotes():

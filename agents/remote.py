@@ -38,11 +38,14 @@ class RemoteError(Exception):
 
 
 class TransientRemoteError(RemoteError):
-    """Worth another try (connection error, timeout, 408, 429, 5xx)."""
+    """Worth another try (connection error, timeout, 408, 429, 5xx). ``unknown``: the
+    request may have reached the service and been applied (a timeout, a dropped
+    connection), as opposed to an answer saying it was not (408, 429, 5xx)."""
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, retry_after: float | None = None, *, unknown: bool = False) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.unknown = unknown
 
 
 class PermanentRemoteError(RemoteError):
@@ -148,6 +151,7 @@ class RemoteClient:
             return time_left() - (state.upcoming_sleep or 0.0) < MIN_CALL_SECONDS
 
         tally = _Tally()
+        unknown = False  # did the last call end without telling whether it was applied?
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(TransientRemoteError),
             wait=wait,
@@ -157,10 +161,22 @@ class RemoteClient:
         )
         async for attempt in retrying:
             with attempt:
+                if unknown and request.lookup:
+                    # The last call may have been applied: ask before sending it again.
+                    settled = await self.lookup(request, now=now)
+                    if settled is not None:
+                        log.info("%s for order %s: applied already, settled by lookup", request.action, request.order_id)
+                        return settled
                 left = time_left()
                 if left < MIN_CALL_SECONDS:
                     raise DeadlineReached(f"complete-by {request.complete_by.isoformat()} reached")
-                return await self._post(request, timeout=min(self.call_timeout, left), time_left=time_left, tally=tally)
+                try:
+                    return await self._post(
+                        request, timeout=min(self.call_timeout, left), time_left=time_left, tally=tally
+                    )
+                except TransientRemoteError as error:
+                    unknown = error.unknown
+                    raise
         raise AssertionError("unreachable")  # pragma: no cover - AsyncRetrying returns or raises
 
     async def lookup(
@@ -210,7 +226,9 @@ class RemoteClient:
                 status, text, retry_after = response.status, await response.text(), response.headers.get("Retry-After")
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
             self._record(ok=False, tally=tally)
-            raise TransientRemoteError(f"{type(error).__name__}: {error}") from error
+            # Refused before it was sent: not applied. Otherwise it may have been.
+            sent = not isinstance(error, aiohttp.ClientConnectorError)
+            raise TransientRemoteError(f"{type(error).__name__}: {error}", unknown=sent) from error
         finally:
             self._bulkhead().release()
         self._record(ok=status not in TRANSIENT_STATUS, tally=tally)

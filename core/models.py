@@ -273,6 +273,9 @@ class AgentRequest(_Message):
     policy: AgentPolicy
     #: For a compensation: the forward action's result (None when its outcome is unknown).
     result: dict[str, Any] | None = None
+    #: The remote offers a lookup by idempotency key for this action (the step declares
+    #: it): after a call whose outcome is unknown, the agent asks before sending again.
+    lookup: bool = False
     #: The previous attempt's outcome is unknown (it timed out) and the remote offers a
     #: lookup by idempotency key: ask before sending the action again.
     settle_first: bool = False

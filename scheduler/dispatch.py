@@ -182,6 +182,7 @@ def _carry_out(
             backoff_max=policy.agent_backoff_max,
         ),
         result=results.get(step.name) if state.kind is Kind.COMPENSATION else None,
+        lookup=step.lookup,
         # An earlier attempt of this line timed out: its outcome is unknown.
         settle_first=step.lookup and state.failure_count > 0,
         context=Context(fence=state, order=order, results=results),

@@ -75,9 +75,11 @@ class Stack:
     def connection_string(self) -> str:
         return self.emulator.connection_string
 
-    def start_hosts(self, count: int = 1, **overrides: str):
+    def start_hosts(self, count: int = 1, *, app_dir=None, **overrides: str):
+        """Host processes with the FAST timings (and ``overrides``), for the app or, with
+        ``app_dir``, another script root."""
         env = {**FAST, **overrides}
-        started = self.funchost.start(count=count, env=env)
+        started = self.funchost.start(count=count, env=env, app_dir=app_dir)
         self.hosts += started
         return started
 

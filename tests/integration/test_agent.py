@@ -35,6 +35,7 @@ def request(
         idempotency_key=idempotency_key(order_id, step.name, action),
         policy=policy,
         result=result,
+        lookup=step.lookup,
         context=Context(fence=fence, order={"order_id": order_id}),
     )
 
@@ -183,6 +184,22 @@ def test_an_unknown_outcome_is_settled_by_lookup_without_a_second_post(fake_remo
     # Not applied yet: the lookup answers 404 and the agent sends the action.
     fresh = run(request("o-2").model_copy(update={"settle_first": True}), remote=inventory(fake_remote))
     assert fresh.outcome is Outcome.SUCCEEDED and fake_remote.effects()["by_order"]["o-2"] == 1
+
+
+def test_a_call_that_timed_out_is_settled_by_lookup_before_the_agent_sends_it_again(fake_remote):
+    # Applied, but answered after the call's timeout: the outcome is unknown to the agent.
+    fake_remote.set_faults(script={"o-1": ["slow"], "o-2": ["slow"]}, slow_seconds=2)
+    settled = run(request("o-1"), remote=RemoteClient(fake_remote.base_url("inventory"), call_timeout=0.5))
+    inventory_effects = fake_remote.effects()["services"]["inventory"]
+    assert settled.outcome is Outcome.SUCCEEDED and settled.result["confirmation"]
+    assert (inventory_effects["calls"], inventory_effects["lookups"], inventory_effects["replays"]) == (1, 1, 0)
+    # Where the step declares no lookup, the agent sends it again with the same key:
+    # the service replays its first answer.
+    resent = run(request("o-2").model_copy(update={"lookup": False}),
+                 remote=RemoteClient(fake_remote.base_url("inventory"), call_timeout=0.5))
+    inventory_effects = fake_remote.effects()["services"]["inventory"]
+    assert resent.outcome is Outcome.SUCCEEDED
+    assert (inventory_effects["calls"], inventory_effects["lookups"], inventory_effects["replays"]) == (3, 1, 1)
 
 
 def test_the_bulkhead_keeps_calls_to_one_service_within_its_limit(fake_remote):

@@ -1,0 +1,93 @@
+"""A remote service down, and outcomes unknown, end to end on the local stack.
+
+- An outage behind the agents' circuit breaker: steps for the service that is down
+  are postponed, not failed; a half-open trial that fails opens the breaker again;
+  when the service is back every order finishes, with no failure counted, no undo
+  and no alert.
+- An attempt whose answer came too late was applied: at a service that offers the
+  lookup, the next attempt asks and is done without a second POST; at a service
+  without it, the next attempt sends the action again with the same idempotency key
+  and the service replays its first answer.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from core.models import ProcessState, idempotency_key
+from core.workflow import Kind
+from devtools.orders import order_json
+from tests.e2e.conftest import wait_until
+
+_BREAKER = re.compile(r"circuit breaker for (\S+): (\S+) -> (\S+)")
+
+
+def breaker_changes(stack, service: str) -> list[tuple[str, str]]:
+    """Every state change of ``service``'s breakers, on every host, as (from, to)."""
+    return [(m[2], m[3]) for m in _BREAKER.finditer(stack.host_logs()) if m[1] == service]
+
+
+def test_an_outage_postpones_steps_without_failures_and_every_order_finishes_after_it(stack, reply_queue):
+    open_seconds = 2.0
+    stack.start_hosts(2, BREAKER_OPEN_SECONDS=str(open_seconds))
+    stack.remote.set_faults(service="payments", rates={"transient": 1.0})  # payments answers 503 to everything
+    down = time.monotonic()
+    ids = [f"u-{i}" for i in range(20)]
+    stack.send([(order_id, order_json(order_id)) for order_id in ids], reply_to=reply_queue)
+
+    # The breakers open, and at least one half-open trial fails and opens again.
+    wait_until(lambda: ("half_open", "open") in breaker_changes(stack, "payments"), timeout=30,
+               what="a failed half-open trial reopening payments' breaker")
+    calls_down = stack.remote.effects()["services"]["payments"]["calls"]
+    stack.remote.set_faults(service="payments")  # back
+    outage = time.monotonic() - down
+
+    states = stack.wait_closed(ids, timeout=60)
+    assert {s.process_state for s in states.values()} == {ProcessState.PROCESSED}
+    lines = [line for order_id in ids for line in stack.lines(order_id).values()]
+    assert all(line.kind is Kind.ACTION for line in lines)  # nothing undone
+    assert [line.failure_count for line in lines] == [0] * len(lines)  # no failure counted
+    assert stack.all_alerts() == []
+    assert ("retrying", "charge") not in stack.events(reply_queue)
+    changes = breaker_changes(stack, "payments")
+    assert ("half_open", "closed") in changes
+    assert stack.host_logs().count("postponed for") >= len(ids)  # every charge waited at least once
+    # While open, a host makes one trial call per open period: calls during the outage
+    # stay within what was in flight when the breakers opened plus one per period.
+    in_flight_at_opening = 2 * 16  # hosts x the bulkhead
+    assert calls_down <= in_flight_at_opening + 2 * (outage / open_seconds + 1), (calls_down, outage)
+    stack.assert_remote_clean()
+
+
+def test_an_applied_step_answered_too_late_is_settled_by_lookup_without_a_second_post(stack):
+    # The first reserve is applied, but its answer comes after the call's timeout.
+    stack.remote.set_faults(script={"s-1/reserve": ["slow"]}, slow_seconds=3)
+    stack.start_hosts(AGENT_MAX_CALLS="1")
+    stack.send([("s-1", order_json("s-1"))])
+
+    state = stack.wait_closed(["s-1"], timeout=40)["s-1"]
+    assert state.process_state is ProcessState.PROCESSED
+    inventory = stack.remote.effects()["services"]["inventory"]
+    key = idempotency_key("s-1", "reserve", "reserve")
+    assert inventory["by_key"][key] == 1 and inventory["lookups"] == 1
+    assert inventory["calls"] == 1 and inventory["replays"] == 0  # one POST: the retry asked instead
+    reserve = stack.lines("s-1")[("reserve", "action")]
+    assert reserve.failure_count == 1 and reserve.result["confirmation"]
+    stack.assert_remote_clean()
+
+
+def test_without_a_lookup_the_step_is_sent_again_with_the_same_key_and_applied_once(stack):
+    stack.remote.set_faults(script={"s-2/ship": ["slow"]}, slow_seconds=3)
+    stack.start_hosts(AGENT_MAX_CALLS="1")
+    stack.send([("s-2", order_json("s-2"))])
+
+    state = stack.wait_closed(["s-2"], timeout=40)["s-2"]
+    assert state.process_state is ProcessState.PROCESSED
+    shipping = stack.remote.effects()["services"]["shipping"]
+    key = idempotency_key("s-2", "ship", "ship")
+    assert shipping["lookups"] == 0
+    assert shipping["by_key"] == {key: 1}  # applied once...
+    assert shipping["calls"] == 2 and shipping["replays"] == 1  # ...though sent twice, with the same key
+    assert stack.lines("s-2")[("ship", "action")].failure_count == 1
+    stack.assert_remote_clean()

@@ -1,0 +1,66 @@
+"""The worker's pool limit, reproduced on the local host.
+
+The real Python worker runs every sync function on one shared pool of
+``min(32, cores + 4)`` threads (tools/funchost/README.md). A sync agent holds one of
+them for its whole call, so with a slow remote service requests wait in the worker
+until they arrive past complete-by and are dropped. The app's agents are async: on the
+same pool, with the same slow service, nothing is dropped. The sync variant
+(benchmarks/sync_agents.py, the agents as they were) is expected to fail this test:
+strict, so the day it passes the test says the reproduction is gone.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import sync_agents
+from core.models import ProcessState
+from devtools.orders import order_json
+from tests.e2e.conftest import wait_until
+
+#: The worker's default pool on a 2-core instance: min(32, 2 + 4) (tools/funchost/README.md).
+#: Fixed, so the load below reproduces the limit on any development machine.
+WORKER_THREADS = min(32, 2 + 4)
+#: What the agent logs when it drops a request (agents/agent.py).
+DROPPED = ("arrived past complete-by", "no result before complete-by")
+
+
+@pytest.mark.parametrize(
+    "agents",
+    [
+        "async",
+        pytest.param(
+            "sync",
+            marks=pytest.mark.xfail(strict=True, reason="sync agents hold the worker's threads: requests arrive late"),
+        ),
+    ],
+)
+def test_with_the_workers_default_pool_and_a_slow_remote_no_request_is_dropped(stack, tmp_path, agents):
+    stack.remote.set_faults(service="inventory", apply_seconds=2)  # every reserve takes 2 s
+    app_dir = sync_agents.write_app(tmp_path / "sync-app") if agents == "sync" else None
+    (host,) = stack.start_hosts(
+        app_dir=app_dir,
+        PYTHON_THREADPOOL_THREAD_COUNT=str(WORKER_THREADS),
+        STEP_TIMEOUT_SECONDS="7",
+        REMOTE_CALL_TIMEOUT_SECONDS="5",
+    )
+    # 30 reserves of 2 s: async, two rounds of host.json's 16 concurrent calls (~4 s);
+    # sync, five rounds of the pool's threads (~10 s, shared with the scheduler).
+    ids = [f"w-{i}" for i in range(30)]
+    stack.send([(order_id, order_json(order_id)) for order_id in ids])
+
+    def dropped() -> int:
+        log = host.log_text()
+        return sum(log.count(marker) for marker in DROPPED)
+
+    def settled():
+        if dropped():
+            return True
+        states = stack.states(ids)
+        return all(s is not None and s.process_state.terminal for s in states.values())
+
+    wait_until(settled, timeout=90, what="every order to finish, or a request to be dropped", interval=1.0)
+    assert dropped() == 0, f"{dropped()} request(s) dropped past complete-by with {host.sync_threads} worker threads"
+    states = stack.wait_closed(ids, timeout=30)
+    assert {s.process_state for s in states.values()} == {ProcessState.PROCESSED}
+    assert all(line.failure_count == 0 for order_id in ids for line in stack.lines(order_id).values())
