@@ -26,6 +26,7 @@ by the supervisor (:meth:`StateStore.sweep`).
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -100,10 +101,11 @@ _STATE_FIELDS = {
     "gave_up": "GaveUp",
     "max_failures": "MaxFailures",
     "postponements": "Postponements",
+    "note": "Note",
 }
 #: Optional values are written as "" (or 0) rather than left out: a MERGE that leaves
 #: a property out keeps its old value, so clearing LockedBy must write something.
-_OPTIONAL_TEXT = {"LockedBy", "LastError", "ReplyTo", "Step", "Cause"}
+_OPTIONAL_TEXT = {"LockedBy", "LastError", "ReplyTo", "Step", "Cause", "Note"}
 _OPTIONAL_NUMBER = {"MaxFailures"}
 _INDEX_LISTS = {"Plan", "Failed"}
 
@@ -146,7 +148,7 @@ def state_from_entity(entity: dict[str, Any]) -> OrderState:
     return OrderState(**present, etag=entity.metadata.get("etag"))
 
 
-_NULLABLE = {"locked_by", "last_error", "reply_to", "step", "cause", "max_failures"}
+_NULLABLE = {"locked_by", "last_error", "reply_to", "step", "cause", "max_failures", "note"}
 
 _LINE_PREFIX = {Kind.ACTION: "step", Kind.COMPENSATION: "undo"}
 _LINE_PREFIXES = tuple(f"{prefix}-" for prefix in _LINE_PREFIX.values())
@@ -229,7 +231,8 @@ class StateStore:
     # -- submission -----------------------------------------------------------------
 
     def create_order(
-        self, order: OrderRequest, *, workflow: Workflow, reply_to: str | None, now: datetime, pending_timeout: timedelta
+        self, order: OrderRequest, *, workflow: Workflow, reply_to: str | None, now: datetime, pending_timeout: timedelta,
+        note: str | None = None,
     ) -> Created:
         """Write the order row and its Pending state row (at the workflow's first step)
         in one transaction.
@@ -238,7 +241,7 @@ class StateStore:
         the same id raises :class:`OrderConflict` and changes nothing.
         """
         document = order.document()
-        state = lifecycle.new_order(order.order_id, workflow, now, pending_timeout, reply_to)
+        state = lifecycle.new_order(order.order_id, workflow, now, pending_timeout, reply_to, note=note)
         # Index first: a crash after this line leaves an index row the supervisor
         # can heal; the other order would leave an order nobody supervises.
         self._index(order.order_id, now)
@@ -492,19 +495,33 @@ def _is_conflict(error: Exception) -> bool:
 
 #: Binary properties hold at most 64 KiB; bodies are kept in chunks of this size.
 _CHUNK = 60 * 1024
-#: 720 KiB of body: under the 1 MiB entity limit with room for the other properties (and
-#: under what Azurite accepts). A Standard namespace's messages are at most 256 KiB, so
-#: a body is kept whole; only Premium's larger messages can be cut (``Truncated``).
+#: Chunks per row: 720 KiB of body, under the 1 MiB entity limit with room for the other
+#: properties (and under what Azurite accepts). A larger body (a Premium namespace takes
+#: messages of up to 100 MB) continues in part rows beside the rejection's own row, so
+#: every body is kept whole.
 _MAX_CHUNKS = 12
 #: Message id and content type come from any client and may be long: a Table string
 #: property holds 32K characters; keep these far below it.
 _MAX_HEADER_CHARS = 1_024
 
 
+def _with_chunks(entity: dict[str, Any], chunks: list[bytes]) -> dict[str, Any]:
+    entity["BodyChunks"] = len(chunks)
+    for i, chunk in enumerate(chunks):
+        entity[f"Body{i}"] = chunk
+    return entity
+
+
+def _chunks(row: dict[str, Any]) -> bytes:
+    return b"".join(row.get(f"Body{i}", b"") for i in range(row.get("BodyChunks", 0)))
+
+
 class RejectionStore:
     """Messages the app refused (invalid, malformed, conflicting), kept whole with the reason.
 
-    PartitionKey is the UTC day (``YYYY-MM-DD``); RowKey sorts newest first.
+    PartitionKey is the UTC day (``YYYY-MM-DD``); RowKey sorts newest first. A body too
+    large for one row continues in part rows (``<RowKey>~0001``...), written before the
+    rejection's row, so a rejection row is only ever seen with its whole body.
     """
 
     def __init__(self, table: TableClient) -> None:
@@ -522,11 +539,16 @@ class RejectionStore:
         source: str = "orders",
     ) -> str:
         inverted = 10**13 - int(now.timestamp() * 1000)
-        row_key = f"{inverted:013d}-{(message_id or 'no-id')[:100]}"
+        row_key = _safe_key(f"{inverted:013d}-{(message_id or 'no-id')[:100]}")
+        day = now.strftime("%Y-%m-%d")
         chunks = [body[i : i + _CHUNK] for i in range(0, len(body), _CHUNK)] or [b""]
+        parts = [chunks[i : i + _MAX_CHUNKS] for i in range(0, len(chunks), _MAX_CHUNKS)]
+        for n, part in enumerate(parts[1:], start=1):
+            part_row = {"PartitionKey": day, "RowKey": _part_key(row_key, n), "PartOf": row_key}
+            self.table.upsert_entity(_with_chunks(part_row, part), mode=UpdateMode.REPLACE)
         entity: dict[str, Any] = {
-            "PartitionKey": now.strftime("%Y-%m-%d"),
-            "RowKey": _safe_key(row_key),
+            "PartitionKey": day,
+            "RowKey": row_key,
             "Reason": reason[:30_000],
             "MessageId": _clip(message_id or ""),
             "ContentType": _clip(content_type or ""),
@@ -534,13 +556,10 @@ class RejectionStore:
             "Source": source,
             "RejectedAt": now,
             "BodyBytes": len(body),
-            "BodyChunks": min(len(chunks), _MAX_CHUNKS),
-            "Truncated": len(chunks) > _MAX_CHUNKS,
+            "BodyParts": len(parts),
         }
-        for i, chunk in enumerate(chunks[:_MAX_CHUNKS]):
-            entity[f"Body{i}"] = chunk
-        self.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
-        return entity["RowKey"]
+        self.table.upsert_entity(_with_chunks(entity, parts[0]), mode=UpdateMode.REPLACE)
+        return row_key
 
     def list(self, *, day: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         if day:
@@ -549,10 +568,23 @@ class RejectionStore:
             rows = self.table.list_entities()
         out = []
         for row in rows:
-            body = b"".join(row.get(f"Body{i}", b"") for i in range(row.get("BodyChunks", 0)))
-            out.append({**{k: v for k, v in row.items() if not k.startswith("Body")}, "Body": body})
+            if row.get("PartOf"):
+                continue  # read with its rejection
+            body = _chunks(row) + b"".join(
+                _chunks(self.table.get_entity(row["PartitionKey"], _part_key(row["RowKey"], n)))
+                for n in range(1, row.get("BodyParts", 1))
+            )
+            out.append({**{k: v for k, v in row.items() if not _BODY_PROPERTY.match(k)}, "Body": body})
         out.sort(key=lambda r: r["RejectedAt"], reverse=True)
         return out[:limit]
+
+
+#: The properties that hold a body in chunks (read back as one ``Body``).
+_BODY_PROPERTY = re.compile(r"^Body(\d+|Chunks|Parts)$")
+
+
+def _part_key(row_key: str, n: int) -> str:
+    return f"{row_key}~{n:04d}"
 
 
 def _clip(text: str) -> str:

@@ -51,10 +51,11 @@ class Transition:
 
 
 def new_order(
-    order_id: str, workflow: Workflow, now: datetime, pending_timeout: timedelta, reply_to: str | None
+    order_id: str, workflow: Workflow, now: datetime, pending_timeout: timedelta, reply_to: str | None,
+    note: str | None = None,
 ) -> OrderState:
     """The state of a just-submitted order: Pending at its first step, to be claimed
-    before ``now + pending_timeout``."""
+    before ``now + pending_timeout``; ``note`` is for the operator."""
     return OrderState(
         order_id=order_id,
         process_state=ProcessState.PENDING,
@@ -67,6 +68,7 @@ def new_order(
         step_index=0,
         kind=Kind.ACTION,
         step=workflow.steps[0].name,
+        note=_error(note),
     )
 
 

@@ -181,6 +181,8 @@ class OrderState(BaseModel):
     #: Times in a row the current line was postponed because its remote service was
     #: down (an agent's circuit breaker was open); a cap turns a long wait into a failure.
     postponements: int = 0
+    #: Set at submission for the operator: e.g. why the order's ReplyTo was ignored.
+    note: str | None = None
     #: The row's ETag when it was read (not stored); every transition is If-Match on it.
     etag: str | None = None
 

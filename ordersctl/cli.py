@@ -195,6 +195,7 @@ def status(
             "last_error": state.last_error,
             "cause": state.cause,
             "reply_to": state.reply_to,
+            "note": state.note,
             "created_at": state.created_at.isoformat(),
             "updated_at": state.updated_at.isoformat(),
             "order": order,
@@ -215,6 +216,7 @@ def status(
         ("last error", state.last_error or "-"),
         ("undone because", state.cause or "-"),
         ("reply to", state.reply_to or "-"),
+        ("note", state.note or "-"),
         ("created / updated", f"{state.created_at.isoformat()} / {state.updated_at.isoformat()}"),
     ]
     for key, value in rows:

@@ -119,16 +119,19 @@ def submit(
     except ValueError as error:  # e.g. bytes that are not UTF-8
         return reject(f"malformed order: {error}")
 
+    note = None
     if reply_to and not _QUEUE_NAME.match(reply_to):
-        log.warning("order %s: ignoring invalid ReplyTo %r", order.order_id, reply_to[:300])
-        reply_to = None
+        shown = reply_to if len(reply_to) <= 100 else f"{reply_to[:100]}… ({len(reply_to)} characters)"
+        note = f"ReplyTo {shown!r} ignored: not a valid queue name; no status events are sent"
     elif reply_to and _own(reply_to):
-        log.warning("order %s: ignoring ReplyTo %r: it names one of the app's own queues", order.order_id, reply_to)
+        note = f"ReplyTo {reply_to!r} ignored: it names one of the app's own queues; no status events are sent"
+    if note:
+        log.warning("order %s: %s", order.order_id, note)
         reply_to = None
 
     try:
         created = store.create_order(
-            order, workflow=workflow, reply_to=reply_to, now=now, pending_timeout=pending_timeout
+            order, workflow=workflow, reply_to=reply_to, now=now, pending_timeout=pending_timeout, note=note
         )
     except OrderConflict:
         return reject(

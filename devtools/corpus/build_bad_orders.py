@@ -112,6 +112,8 @@ def cases():
         {"name": "invalid UTF-8", "body_base64": base64.b64encode(b"\xff\xfe\xfa{}").decode(), "reason": "order"},
         {"name": "UTF-16 body", "body_base64": base64.b64encode(json.dumps(VALID).encode("utf-16")).decode(), "reason": "order"},
         {"name": "huge body (200 KB)", "generate": {"kind": "huge_notes", "chars": 200_000}, "reason": "notes"},
+        # Above what one table row holds: the rejection keeps it whole in part rows.
+        {"name": "huge body (1,000 KiB)", "generate": {"kind": "huge_notes", "chars": 1_024_000}, "reason": "notes"},
         {"name": "deep nesting (10,000 levels)", "generate": {"kind": "deep", "levels": 10_000}, "reason": "invalid order"},
         {"name": "many keys", "generate": {"kind": "many_keys", "keys": 20_000}, "reason": "invalid order"},
     ]

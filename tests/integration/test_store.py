@@ -263,3 +263,17 @@ def test_race_eight_claimers_per_order_exactly_one_winner(store, orders_table, s
     report_figure(f"claims: {len(orders)} orders, {single} single winners, {double} double")
     assert (single, double) == (200, 0)
     assert {store.get(state.order_id).attempt for state in orders} == {1}
+
+
+def test_a_rejected_body_larger_than_a_row_is_kept_whole_in_part_rows(orders_table: TableClient):
+    from adapters.store import RejectionStore
+
+    rejections = RejectionStore(orders_table)
+    body = bytes(range(256)) * (3 * 1024 * 1024 // 256)  # 3 MiB: a Premium namespace's message can be larger
+    now = utcnow()
+    rejections.add(body=body, reason="too big", now=now, message_id="m-big", content_type="application/json")
+    rejections.add(body=b"{}", reason="small", now=now + timedelta(milliseconds=5), message_id="m-small")
+    rows = rejections.list()
+    assert [(row["MessageId"], row["Reason"]) for row in rows] == [("m-small", "small"), ("m-big", "too big")]
+    assert rows[1]["Body"] == body and rows[1]["BodyBytes"] == len(body)
+    assert rows[0]["Body"] == b"{}"

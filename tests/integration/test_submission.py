@@ -135,10 +135,14 @@ def test_any_clients_odd_properties_are_kept_as_rejections_never_retried(app_set
     assert services().store.active_ids() == []
 
 
-def test_a_reply_to_naming_one_of_the_apps_own_queues_is_ignored(app_settings):
+def test_a_reply_to_naming_one_of_the_apps_own_queues_is_ignored_with_a_note_on_the_order(app_settings):
     submit(order_json("o-14"), reply_to=app_settings["ALERTS_QUEUE"], message_id="o-14")
     state = services().store.get("o-14")
     assert state.process_state is ProcessState.PENDING and state.reply_to is None
+    assert f"ReplyTo {app_settings['ALERTS_QUEUE']!r} ignored" in state.note and "app's own queues" in state.note
+    submit(order_json("o-16"), reply_to="not a queue?" * 20, message_id="o-16")
+    note = services().store.get("o-16").note
+    assert "not a valid queue name" in note and len(note) < 300
 
 
 def test_a_rejected_order_is_told_to_its_reply_to_queue_with_the_reason(app_settings, servicebus_emulator):
