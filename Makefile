@@ -24,8 +24,12 @@ node_modules/.installed: package.json package-lock.json
 local.settings.json:
 	cp local.settings.template.json local.settings.json
 
+# Two workers (pytest-xdist), each with its own Azurite and Service Bus emulator: the
+# end-to-end tests mostly wait on timers. PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
+
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --numprocesses $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 demo: setup
 	$(PY) -m devtools.demo $(DEMO_ARGS)

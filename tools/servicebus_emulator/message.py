@@ -26,6 +26,13 @@ X_OPT_ENQUEUED_TIME = codec.enc_symbol("x-opt-enqueued-time")
 X_OPT_LOCKED_UNTIL = codec.enc_symbol("x-opt-locked-until")
 X_OPT_MESSAGE_STATE = codec.enc_symbol("x-opt-message-state")
 X_OPT_SCHEDULED_ENQUEUE_TIME = b"x-opt-scheduled-enqueue-time"
+#: The annotations the broker writes on every delivery. A client's own values for them are
+#: dropped on enqueue (Service Bus sets them, and a map's keys must be distinct).
+BROKER_ANNOTATIONS = frozenset(
+    {"x-opt-sequence-number", "x-opt-enqueued-time", "x-opt-locked-until", "x-opt-message-state"}
+)
+_BROKER_ANNOTATION_KEYS = frozenset(name.encode() for name in BROKER_ANNOTATIONS)
+_DEAD_LETTER_KEYS = ("DeadLetterReason", "DeadLetterErrorDescription")
 
 
 @dataclass(slots=True)
@@ -70,6 +77,10 @@ def parse(payload: bytes | memoryview) -> MessageContent:
             annotations = codec.decode_value(value) or {}
             if not isinstance(annotations, dict):
                 raise codec.CodecError("message annotations are not a map")
+            if not _BROKER_ANNOTATION_KEYS.isdisjoint(annotations):
+                annotation_pairs, annotation_count = _without_keys(
+                    annotation_pairs, annotation_count, BROKER_ANNOTATIONS
+                )
             scheduled = annotations.get(X_OPT_SCHEDULED_ENQUEUE_TIME)
             if scheduled is not None and not isinstance(scheduled, int):
                 raise codec.CodecError("x-opt-scheduled-enqueue-time is not a timestamp")
@@ -150,6 +161,12 @@ def with_message_id(content: MessageContent) -> MessageContent:
     return dataclasses.replace(content, properties=properties, message_id=text.encode())
 
 
+def _without_keys(pairs: bytes, count: int, names: set[str] | frozenset[str]) -> tuple[bytes, int]:
+    """The encoded pairs of a map without the entries whose (string or symbol) key is in ``names``."""
+    kept = [(key, value) for key, value in codec.pairs_entries(pairs, count) if codec.text_key(key) not in names]
+    return b"".join(key + value for key, value in kept), len(kept)
+
+
 def split_batch(payload: bytes | memoryview) -> list[bytes]:
     """The inner messages of a batch (format ``0x80013700``): one data section each."""
     payload = bytes(payload)
@@ -209,6 +226,10 @@ def encode(
     application_pairs, application_count = content.application_pairs, content.application_count
     if dead_letter is not None:
         reason, description = dead_letter
+        replaced = {key for key, value in zip(_DEAD_LETTER_KEYS, (reason, description)) if value is not None}
+        if application_count and replaced:
+            # A message dead-lettered again (sent on from a dead-letter queue) gets the new values, not second keys.
+            application_pairs, application_count = _without_keys(application_pairs, application_count, replaced)
         if reason is not None:
             application_pairs += _DEAD_LETTER_REASON + codec.enc_string(reason)
             application_count += 1

@@ -46,7 +46,6 @@ MAX_MESSAGE_SIZE = 1024 * 1024
 
 NOT_FOUND = "amqp:not-found"
 NOT_ALLOWED = "amqp:not-allowed"
-NOT_IMPLEMENTED = "amqp:not-implemented"
 DECODE_ERROR = "amqp:decode-error"
 MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
 LOCK_LOST = "com.microsoft:message-lock-lost"
@@ -316,6 +315,15 @@ def _property_updates(state: Any, body: bytes) -> messages.PropertyUpdates:
 _DEAD_LETTER_KEYS = frozenset({"DeadLetterReason", "DeadLetterErrorDescription"})
 
 
+def session_refusal(queue: str) -> str:
+    """Why a session receiver is refused (with ``amqp:not-allowed``, as Azure refuses one on a queue
+    without sessions): Azure's words, then the emulator's reason."""
+    return (
+        f"A sessionful message receiver cannot be created on an entity that does not require sessions: "
+        f"queue '{queue}' is not session-enabled (the emulator does not support sessions)."
+    )
+
+
 def _refusal(
     where: addresses.Address | None, queue: Queue | None, client_receives: bool, source: list[Any] | None
 ) -> tuple[str, str] | None:
@@ -327,7 +335,7 @@ def _refusal(
     if where.kind is addresses.Kind.QUEUE and client_receives:
         filters = source[7] if source and len(source) > 7 else None
         if isinstance(filters, dict) and SESSION_FILTER in filters:
-            return NOT_IMPLEMENTED, "The emulator does not support sessions (session receivers)."
+            return NOT_ALLOWED, session_refusal(where.queue)
     if where.kind is addresses.Kind.QUEUE and not client_receives and where.dead_letter:
         return NOT_ALLOWED, "Cannot send to a dead-letter queue."
     return None

@@ -22,7 +22,8 @@ T = TypeVar("T")
 
 #: Where ``python -m tools.servicebus_emulator`` can be imported from (the package's grandparent).
 IMPORT_ROOT = Path(emulator.__file__).resolve().parents[2]
-_FIGURES: list[str] = []
+#: The name a figure travels under in a test's report.
+_FIGURE = "Service Bus emulator figure"
 
 
 def wait_until(
@@ -66,15 +67,24 @@ def unique_name() -> Callable[[str], str]:
 
 
 @pytest.fixture
-def report_figure() -> Callable[[str], None]:
-    """Call with one line of text (a throughput...); it is printed in the run's closing summary."""
-    return _FIGURES.append
+def report_figure(request) -> Callable[[str], None]:
+    """Call with one line of text (a throughput...); it is printed in the run's closing
+    summary. It travels in the test's report, so it arrives from pytest-xdist workers too."""
+    return lambda line: request.node.user_properties.append((_FIGURE, line))
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    if _FIGURES:
+    figures = [
+        value
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for name, value in getattr(report, "user_properties", ())
+        if name == _FIGURE
+    ]
+    if figures:
         terminalreporter.section("Service Bus emulator figures")
-        for line in _FIGURES:
+        for line in figures:
             terminalreporter.write_line(line)
 
 

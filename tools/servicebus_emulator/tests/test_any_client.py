@@ -33,6 +33,7 @@ from .rawamqp import (
     message,
     modified,
     rejected,
+    section,
     status_code,
     typed,
 )
@@ -263,3 +264,49 @@ def test_the_dead_letter_queue_keeps_the_assigned_message_id(client, raw, queue)
         (dead,) = receive_exactly(receiver, 1)
         assert re.fullmatch(r"[0-9a-f]{32}", dead.message_id)
         receiver.complete_message(dead)
+
+
+# --- keys the broker owns ---------------------------------------------------------------------------
+
+
+def _keys(payload: bytes, code: int) -> list[str | None]:
+    """The keys of a message's annotations or application properties, in order, duplicates kept."""
+    raw = section(payload, code)
+    return [codec.text_key(key) for key, _ in codec.map_entries(raw)] if raw is not None else []
+
+
+def test_a_clients_own_broker_annotations_are_replaced_not_duplicated(raw, queue):
+    # A map's keys must be distinct: Service Bus sets these annotations itself.
+    own = [
+        ("x-opt-sequence-number", codec.enc_long(999)),
+        ("x-opt-enqueued-time", codec.enc_timestamp(0)),
+        ("x-opt-locked-until", codec.enc_timestamp(0)),
+        ("x-opt-message-state", codec.enc_int(2)),
+        ("x-opt-custom", codec.enc_string("kept")),
+    ]
+    _send(raw, queue, message(annotations=own))
+    delivery = raw.receive(raw.attach(queue, receiver=True))
+    keys = _keys(delivery.payload, codec.MESSAGE_ANNOTATIONS)
+    assert sorted(keys) == sorted(set(keys)), keys
+    assert keys[0] == "x-opt-custom"
+    annotations = codec.decode_value(section(delivery.payload, codec.MESSAGE_ANNOTATIONS))
+    assert annotations[b"x-opt-sequence-number"] != 999
+    assert b"x-opt-message-state" not in annotations  # an active message has none
+
+
+def test_a_message_dead_lettered_again_carries_the_new_reason_once(servicebus_emulator, raw, queue):
+    # Sent on from a dead-letter queue with its properties, then dead-lettered again.
+    _send(raw, queue, message(message_id=codec.enc_string("m")))
+    reason = [("DeadLetterReason", codec.enc_string("First"))]
+    raw.settle(raw.receive(raw.attach(queue, receiver=True)), rejected(reason))
+    dead_letters = raw.attach(f"{queue}/$DeadLetterQueue", receiver=True)
+    dead = raw.receive(dead_letters)
+    raw.settle(dead, codec.outcome(codec.ACCEPTED))
+    kept = list(application_properties(dead.payload).items())
+    _send(raw, queue, message(message_id=codec.enc_string("m"), application_properties=kept))
+    second_reason = rejected([("DeadLetterReason", codec.enc_string("Second"))])
+    raw.settle(raw.receive(raw.attach(queue, receiver=True)), second_reason)
+    second = raw.receive(dead_letters).payload
+    assert _keys(second, codec.APPLICATION_PROPERTIES) == ["DeadLetterReason"]
+    assert application_properties(second)["DeadLetterReason"] == codec.enc_string("Second")
+    assert servicebus_emulator.message_counts(queue)["dead_letter"] == 1

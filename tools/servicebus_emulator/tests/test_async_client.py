@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime, timedelta
 
-from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSubQueue
+import pytest
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
+from azure.servicebus.exceptions import ServiceBusError
 
 
 async def _receive_exactly(receiver: ServiceBusReceiver, count: int, timeout: float = 10.0) -> list:
@@ -76,3 +79,18 @@ def test_async_dead_letter_peek_renew_schedule_and_receive_and_delete(
 
     asyncio.run(scenario())
     assert servicebus_emulator.message_counts(queue) == {"active": 0, "dead_letter": 0, "scheduled": 0, "locked": 0}
+
+
+def test_async_session_receivers_are_refused_at_once(servicebus_connection_string, queue):
+    async def scenario() -> str:
+        async with ServiceBusClient.from_connection_string(servicebus_connection_string) as client:
+            receiver = client.get_queue_receiver(queue, session_id=NEXT_AVAILABLE_SESSION)
+            with pytest.raises(ServiceBusError) as raised:
+                async with receiver:
+                    await receiver.receive_messages(max_wait_time=5)
+            return str(raised.value)
+
+    started = time.monotonic()
+    message = asyncio.run(scenario())
+    assert "is not session-enabled" in message and "amqp:not-allowed" in message, message
+    assert time.monotonic() - started < 5

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import azure.servicebus
 import pytest
 from azure.servicebus import (
+    NEXT_AVAILABLE_SESSION,
     ServiceBusMessage,
     ServiceBusMessageState,
     ServiceBusReceiveMode,
@@ -369,10 +370,23 @@ def test_released_messages_come_back_without_counting_a_delivery(servicebus_emul
             receiver.complete_message(message)
 
 
-def test_session_receivers_are_refused_clearly(client, queue):
-    receiver = client.get_queue_receiver(queue, session_id="s1")
-    with pytest.raises(ServiceBusError, match="does not support sessions"), receiver:
-        receiver.receive_messages(max_wait_time=1)
+@pytest.mark.parametrize("session_id", ["s1", NEXT_AVAILABLE_SESSION], ids=["session-id", "next-available"])
+def test_session_receivers_are_refused_at_once_with_a_clear_error(servicebus_emulator, client, queue, session_id):
+    # Queues here are not session-enabled: the receiver's attach (its source carries the
+    # com.microsoft:session-filter) is refused with amqp:not-allowed, as Azure refuses a session
+    # receiver on a queue without sessions; the SDK does not retry it.
+    with sender_for(client, queue) as sender:
+        sender.send_messages(ServiceBusMessage("stays", session_id="s1"))
+    started = time.monotonic()
+    with pytest.raises(ServiceBusError) as raised, client.get_queue_receiver(queue, session_id=session_id) as receiver:
+        receiver.receive_messages(max_wait_time=5)
+    elapsed = time.monotonic() - started
+    message = str(raised.value)
+    assert "A sessionful message receiver cannot be created" in message, message
+    assert f"queue '{queue}' is not session-enabled" in message, message
+    assert "amqp:not-allowed" in message, message
+    assert elapsed < 5, f"the refusal took {elapsed:.1f} s"  # not retried, no timeout waited for
+    assert servicebus_emulator.message_counts(queue) == {"active": 1, "dead_letter": 0, "scheduled": 0, "locked": 0}
 
 
 def test_unknown_queue_is_entity_not_found(client, unique_name):

@@ -3,9 +3,10 @@
 ``js/conformance.mjs`` (next to this file) drives the SDK through sending (a batch, single
 messages with every property), peek-lock and complete, abandon up to dead-lettering,
 abandon with properties to modify, dead-letter, defer and receive-deferred, schedule and
-cancel, peek, lock renewal and receive-and-delete, each on its own queue, and prints one
-JSON result per check. The SDK is a devDependency of the project's ``package.json``
-(``npm ci`` installs it). A missing Node or SDK fails the run: it is never skipped.
+cancel, peek, lock renewal, session receivers refused at once, and receive-and-delete, each
+on its own queue, and prints one JSON result per check. The SDK is a devDependency of the
+project's ``package.json`` (``npm ci`` installs it). A missing Node or SDK fails the run: it
+is never skipped.
 """
 
 from __future__ import annotations

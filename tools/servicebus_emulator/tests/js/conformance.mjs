@@ -338,6 +338,51 @@ const checks = [
     },
   },
   {
+    // Queues here are not session-enabled: a session receiver is refused at once (the link's attach
+    // is answered with a detach carrying amqp:not-allowed, as Azure answers a session receiver on a
+    // queue without sessions), not retried and never turned into a plain receiver. With a client on
+    // the SDK's default retry options, each refusal must come well before any timeout.
+    name: "session-receivers-refused",
+    queue: {},
+    async run({ client, queue, use, connectionString }) {
+      const sender = use(client.createSender(queue));
+      await sender.sendMessages({ body: "in a session", sessionId: "s1" });
+      const defaults = use(new ServiceBusClient(connectionString)); // default retries and timeouts
+      const refused = async (what, accept) => {
+        const started = Date.now();
+        const error = await accept().then(
+          (receiver) => {
+            use(receiver);
+            throw new Error(`${what} opened a receiver on a queue without sessions`);
+          },
+          (err) => err,
+        );
+        const ms = Date.now() - started;
+        assert.ok(ms < 5_000, `${what} was refused after ${ms} ms`);
+        assert.equal(error.name, "ServiceBusError", `${what}: ${error.stack ?? error}`);
+        assert.equal(error.retryable, false, `${what} is not retryable`);
+        return error;
+      };
+      const next = await refused("acceptNextSession", () => defaults.acceptNextSession(queue));
+      // The service's error (Azure's words, which the emulator uses too), as the SDK surfaces amqp:not-allowed.
+      assert.match(
+        next.message,
+        /^InvalidOperationError: A sessionful message receiver cannot be created on an entity that does not require sessions/,
+      );
+      // acceptSession: the SDK compares the session id of the answering attach (a refused link's has
+      // none) before it reads the error of the detach that follows, and reports its own
+      // SessionCannotBeLocked, whatever the service's error.
+      const named = await refused("acceptSession", () => defaults.acceptSession(queue, "s1"));
+      assert.equal(named.code, "SessionCannotBeLocked", named.message);
+      assert.match(named.message, /requested session 's1'/);
+      const receiver = use(client.createReceiver(queue));
+      const [message] = await receiveExactly(receiver, 1);
+      assert.deepEqual([message.body, message.sessionId], ["in a session", "s1"]);
+      await receiver.completeMessage(message);
+      await assertEmpty(client, queue);
+    },
+  },
+  {
     name: "receive-and-delete",
     queue: {},
     async run({ client, queue, use }) {
@@ -392,7 +437,7 @@ async function runCheck(check, connectionString, queue) {
   let timer;
   try {
     await Promise.race([
-      check.run({ client, queue, use }),
+      check.run({ client, queue, use, connectionString }),
       new Promise((_, reject) => {
         timer = setTimeout(() => reject(new Error(`timed out after ${timeoutMs} ms`)), timeoutMs);
       }),
