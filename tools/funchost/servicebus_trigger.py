@@ -10,26 +10,27 @@ delivery count then dead-letters a message that keeps failing (the broker does t
 as in Azure). While a message is in flight (its function running, or waiting for a
 worker thread), its lock is renewed at half-life, up to host.json
 ``maxAutoLockRenewalDuration`` from its receipt, as the host's processor does.
+
+The function gets what the Functions host and the Python worker would hand it for the
+message (``servicebus_message``, from the bytes the broker sent: ``servicebus_wire``).
+A message that cannot be handed over (one the host's .NET client cannot read, that
+cannot be bound to the parameter, or that this host cannot convert) is dead-lettered
+at once with a reason and a description naming the cause, and logged; the function is
+not called (in Azure it is not called either, and the message is dead-lettered once
+its delivery count runs out).
 """
 
 from __future__ import annotations
 
-import base64
 import datetime
-import json
 import logging
 import queue
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
-
-from azure.functions import meta
 from azure.functions.servicebus import ServiceBusMessage as FunctionMessage
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusReceiver
-from azure.servicebus.amqp import AmqpMessageBodyType
 from azure.servicebus.exceptions import ServiceBusCommunicationError, ServiceBusConnectionError, ServiceBusError
 
 from .app import FunctionSpec
@@ -37,134 +38,42 @@ from .config import ServiceBusOptions
 from .connections import Clients
 from .invoke import Invoker, TriggerValue
 from .listener import Listener
+from .servicebus_message import ConversionError, LocalConversionFailed, function_message, message_id_of
+from .servicebus_wire import DeliveryTap, Undecodable, dead_letter_undecodable
 
 log = logging.getLogger("funchost")
 
 #: How long one receive call waits for a first message; results are settled between calls.
 RECEIVE_WAIT_SECONDS = 0.5
-_VIA_PARTITION_KEY = b"x-opt-via-partition-key"
 
 
 # --- ServiceBusReceivedMessage -> azure.functions.ServiceBusMessage ------------------
 
 
-def _text(value: Any) -> Any:
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return base64.b64encode(value).decode("ascii")
-    return value
+def to_function_message(
+    message: ServiceBusReceivedMessage,
+    payload: bytes | None = None,
+    *,
+    data_type: str | None = None,
+    parameter: str = "msg",
+) -> FunctionMessage:
+    """The ``azure.functions.ServiceBusMessage`` the Functions host and Python worker hand a function for
+    this message (see ``servicebus_message``); ``payload`` is the message as the broker sent it, when known.
 
-
-def _jsonable(value: Any) -> Any:
-    """An application property value as it reaches the worker (through JSON)."""
-    if isinstance(value, (bytes, bytearray)):
-        return _text(bytes(value))
-    if isinstance(value, datetime.datetime):
-        return value.isoformat()
-    if isinstance(value, datetime.timedelta):
-        return value.total_seconds()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(_text(k)): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def message_body(message: ServiceBusReceivedMessage) -> bytes:
-    if message.body_type == AmqpMessageBodyType.DATA:
-        body = message.body
-        return body if isinstance(body, bytes) else b"".join(body)
-    body = message.body
-    if isinstance(body, bytes):
-        return body
-    if isinstance(body, str):
-        return body.encode("utf-8")
-    if not isinstance(body, (dict, list, int, float, bool)) and body is not None:
-        body = list(body)  # a SEQUENCE body arrives as an iterable of lists
-    return json.dumps(_jsonable(body)).encode("utf-8")
-
-
-def _iso(value: datetime.datetime | None) -> str | None:
-    return value.isoformat() if value else None
-
-
-def to_function_message(message: ServiceBusReceivedMessage) -> FunctionMessage:
-    """A fully populated ``azure.functions.ServiceBusMessage``, as the worker builds it from the host's data.
-
-    ``delivery_count`` counts this delivery (1 on the first one), as the Functions host
-    reports it; the AMQP header the SDK exposes counts prior attempts only.
+    Raises :class:`~.servicebus_message.ConversionError` when it cannot be handed over (the listener
+    dead-letters it with the error's reason and description).
     """
-    body = message_body(message)
-    properties = _jsonable(dict(message.application_properties or {}))
-    annotations = message.raw_amqp_message.annotations or {}
-    via_partition_key = _text(annotations.get(_VIA_PARTITION_KEY))
-    delivery_count = (message.delivery_count or 0) + 1
-    lock_token = str(message.lock_token) if message.lock_token else None
-    state = int(message.state.value if hasattr(message.state, "value") else message.state or 0)
-    metadata_values = {
-        "MessageId": (message.message_id, "string"),
-        "CorrelationId": (message.correlation_id, "string"),
-        "ContentType": (message.content_type, "string"),
-        "ReplyTo": (message.reply_to, "string"),
-        "ReplyToSessionId": (message.reply_to_session_id, "string"),
-        "SessionId": (message.session_id, "string"),
-        "Subject": (message.subject, "string"),
-        "Label": (message.subject, "string"),
-        "To": (message.to, "string"),
-        "PartitionKey": (message.partition_key, "string"),
-        "TransactionPartitionKey": (via_partition_key, "string"),
-        "DeliveryCount": (delivery_count, "int"),
-        "SequenceNumber": (message.sequence_number, "int"),
-        "EnqueuedSequenceNumber": (message.enqueued_sequence_number, "int"),
-        "EnqueuedTimeUtc": (_iso(message.enqueued_time_utc), "string"),
-        "ExpiresAtUtc": (_iso(message.expires_at_utc), "string"),
-        "LockedUntil": (_iso(message.locked_until_utc), "string"),
-        "ScheduledEnqueueTimeUtc": (_iso(message.scheduled_enqueue_time_utc), "string"),
-        "LockToken": (lock_token, "string"),
-        "DeadLetterSource": (message.dead_letter_source, "string"),
-        "DeadLetterReason": (message.dead_letter_reason, "string"),
-        "DeadLetterErrorDescription": (message.dead_letter_error_description, "string"),
-        "State": (state, "int"),
-        "UserProperties": (json.dumps(properties), "json"),
-        "ApplicationProperties": (json.dumps(properties), "json"),
-    }
-    trigger_metadata = {
-        key: meta.Datum(value, kind) for key, (value, kind) in metadata_values.items() if value is not None
-    }
-    return FunctionMessage(
-        body=body,
-        trigger_metadata=trigger_metadata,
-        application_properties=properties,
-        content_type=message.content_type,
-        correlation_id=message.correlation_id,
-        dead_letter_error_description=message.dead_letter_error_description,
-        dead_letter_reason=message.dead_letter_reason,
-        dead_letter_source=message.dead_letter_source,
-        delivery_count=delivery_count,
-        enqueued_sequence_number=message.enqueued_sequence_number,
-        enqueued_time_utc=message.enqueued_time_utc,
-        expires_at_utc=message.expires_at_utc,
-        label=message.subject,
-        locked_until=message.locked_until_utc,
-        lock_token=lock_token,
-        message_id=message.message_id,
-        partition_key=message.partition_key,
-        reply_to=message.reply_to,
-        reply_to_session_id=message.reply_to_session_id,
-        scheduled_enqueue_time_utc=message.scheduled_enqueue_time_utc,
-        sequence_number=message.sequence_number,
-        session_id=message.session_id,
-        state=state,
-        subject=message.subject,
-        time_to_live=message.time_to_live,
-        to=message.to,
-        transaction_partition_key=via_partition_key,
-        user_properties=properties,
-    )
+    return function_message(payload, message, data_type=data_type, parameter=parameter).message
+
+
+def _shown_id(message: ServiceBusReceivedMessage) -> str:
+    """The message id for a log line, whatever its type."""
+    try:
+        value = message.message_id
+    except Exception:  # noqa: BLE001 - only for a log line
+        return "?"
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 100 else text[:99] + "…"
 
 
 # --- the listener -------------------------------------------------------------------
@@ -177,7 +86,21 @@ class _Delivery:
     received_at: float
     lock_span: float
     renew_at: float
+    payload: bytes | None = None
     renewing: bool = True
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """How to settle a message: complete, abandon, or dead-letter with a reason and description."""
+
+    action: str  # "complete" | "abandon" | "dead-letter"
+    reason: str | None = None
+    description: str | None = None
+
+
+_COMPLETE = _Outcome("complete")
+_ABANDON = _Outcome("abandon")
 
 
 class ServiceBusTriggerListener(Listener):
@@ -187,7 +110,7 @@ class ServiceBusTriggerListener(Listener):
         self._options = options
         self.queue_name: str = spec.trigger.queue_name
         self._setting = spec.trigger.connection
-        self._results: queue.Queue[tuple[_Delivery, bool]] = queue.Queue()
+        self._results: queue.Queue[tuple[_Delivery, _Outcome]] = queue.Queue()
         self._result_signal = threading.Event()
         self._in_flight: dict[int, _Delivery] = {}
         self._receiving = False
@@ -225,8 +148,9 @@ class ServiceBusTriggerListener(Listener):
                         receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
                         prefetch_count=self._options.prefetch_count,
                     )
+                    tap = DeliveryTap(receiver)  # before it opens: the message bytes as the broker sent them
                     with receiver:
-                        self._pump(receiver)
+                        self._pump(receiver, tap)
                 break
             except Exception as error:  # the broker went away or refused: retry, as the host's processor does
                 if self._stopping.is_set():
@@ -245,7 +169,7 @@ class ServiceBusTriggerListener(Listener):
                 backoff = min(backoff * 2, 30.0)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def _pump(self, receiver: ServiceBusReceiver) -> None:
+    def _pump(self, receiver: ServiceBusReceiver, tap: DeliveryTap) -> None:
         while True:
             self._settle_results(receiver)
             self._renew_locks(receiver)
@@ -269,34 +193,106 @@ class ServiceBusTriggerListener(Listener):
             self._receiving = True
             self.ready.set()
             for message in messages:
-                self._dispatch(receiver, message)
+                self._dispatch(receiver, message, tap.take(message.lock_token))
+            for item in tap.take_undecodable():
+                self._dead_letter_undecodable(receiver, item)
 
-    def _dispatch(self, receiver: ServiceBusReceiver, message: ServiceBusReceivedMessage) -> None:
+    def _dispatch(
+        self, receiver: ServiceBusReceiver, message: ServiceBusReceivedMessage, payload: bytes | None
+    ) -> None:
         now = time.monotonic()
         locked_until = message.locked_until_utc
         span = 30.0
         if locked_until is not None:
             span = max(1.0, (locked_until - datetime.datetime.now(datetime.UTC)).total_seconds())
-        delivery = _Delivery(message, receiver, now, span, now + span / 2)
+        delivery = _Delivery(message, receiver, now, span, now + span / 2, payload)
         self._in_flight[id(delivery)] = delivery
         self._executor.submit(self._process, delivery)
 
+    def _trigger_parameter(self) -> str:
+        return next((p.name for p in self.spec.params if p.kind == "trigger"), self.spec.trigger.name)
+
     def _process(self, delivery: _Delivery) -> None:
-        succeeded = False
+        outcome = _ABANDON
         try:
-            rich = to_function_message(delivery.message)
+            try:
+                converted = function_message(
+                    delivery.payload,
+                    delivery.message,
+                    data_type=self.spec.trigger.get("dataType"),
+                    parameter=self._trigger_parameter(),
+                )
+            except ConversionError as error:
+                outcome = self._cannot_convert(delivery, error)
+                return
+            except Exception as error:  # an input this host did not foresee: its limit, not the app's
+                log.exception("%s: converting message %s failed", self.name, _shown_id(delivery.message))
+                failure = LocalConversionFailed(f"{type(error).__name__}: {error}")
+                outcome = self._cannot_convert(delivery, failure)
+                return
+            rich = converted.message
             details = f"queue={self.queue_name} message_id={rich.message_id} delivery_count={rich.delivery_count}"
-            succeeded = self.invoker.invoke(self.spec, TriggerValue(rich, rich.get_body(), details)).succeeded
-        except Exception:  # building the message failed: abandon it, and say why
-            log.exception("%s: could not hand message %s to the function", self.name, delivery.message.message_id)
+            succeeded = self.invoker.invoke(self.spec, TriggerValue(rich, converted.body, details)).succeeded
+            outcome = _COMPLETE if succeeded else _ABANDON
+        except Exception:  # never lose a result: the pump settles every message it dispatched
+            log.exception("%s: handling message %s failed", self.name, _shown_id(delivery.message))
         finally:
-            self._results.put((delivery, succeeded))
+            self._results.put((delivery, outcome))
             self._result_signal.set()
+
+    def _cannot_convert(self, delivery: _Delivery, error: ConversionError) -> _Outcome:
+        log.error(
+            "%s: message %s (delivery %s) cannot be handed to the function; dead-lettering it: %s: %s",
+            self.name,
+            _shown_id(delivery.message),
+            (delivery.message.delivery_count or 0) + 1,
+            error.reason,
+            error.description,
+        )
+        return _Outcome("dead-letter", error.reason, error.description)
+
+    def _dead_letter_undecodable(self, receiver: ServiceBusReceiver, item: Undecodable) -> None:
+        """A delivery the Python SDK could not decode (the receive call never returned it)."""
+        cause = f"{type(item.error).__name__}: {item.error}"
+        try:  # would the Functions host have read it? Then it is this host's limit, else the message's fault
+            function_message(
+                item.payload,
+                None,
+                lock_token=item.lock_token,
+                data_type=self.spec.trigger.get("dataType"),
+                parameter=self._trigger_parameter(),
+            )
+            failure: ConversionError = LocalConversionFailed(
+                f"the Python azure-servicebus SDK cannot decode it ({cause}), "
+                "though the Functions host would hand it to the function"
+            )
+        except ConversionError as error:
+            failure = error
+        except Exception as error:  # noqa: BLE001 - only choosing the reason
+            failure = LocalConversionFailed(
+                f"the Python azure-servicebus SDK cannot decode it ({cause}), nor can this host "
+                f"({type(error).__name__}: {error})"
+            )
+        log.error(
+            "%s: message %s (lock token %s, %d bytes) cannot be decoded by the Python SDK; dead-lettering it: %s: %s",
+            self.name,
+            message_id_of(item.payload),
+            item.lock_token,
+            len(item.payload),
+            failure.reason,
+            failure.description,
+        )
+        try:
+            dead_letter_undecodable(receiver, item, failure.reason, failure.description)
+        except (ServiceBusConnectionError, ServiceBusCommunicationError):
+            raise
+        except Exception as error:  # it comes back when its lock expires, and is tried again
+            log.warning("%s: could not dead-letter it: %s: %s", self.name, type(error).__name__, error)
 
     def _settle_results(self, receiver: ServiceBusReceiver) -> None:
         while True:
             try:
-                delivery, succeeded = self._results.get_nowait()
+                delivery, outcome = self._results.get_nowait()
             except queue.Empty:
                 return
             if self._in_flight.pop(id(delivery), None) is None:
@@ -305,15 +301,19 @@ class ServiceBusTriggerListener(Listener):
                 log.warning(
                     "%s: message %s finished after its receiver was reopened; it will be delivered again",
                     self.name,
-                    delivery.message.message_id,
+                    _shown_id(delivery.message),
                 )
                 continue
-            self._settle(receiver, delivery, complete=succeeded)
+            self._settle(receiver, delivery, outcome)
 
-    def _settle(self, receiver: ServiceBusReceiver, delivery: _Delivery, *, complete: bool) -> None:
+    def _settle(self, receiver: ServiceBusReceiver, delivery: _Delivery, outcome: _Outcome) -> None:
         try:
-            if complete:
+            if outcome.action == "complete":
                 receiver.complete_message(delivery.message)
+            elif outcome.action == "dead-letter":
+                receiver.dead_letter_message(
+                    delivery.message, reason=outcome.reason, error_description=outcome.description
+                )
             else:
                 receiver.abandon_message(delivery.message)
         except (ServiceBusConnectionError, ServiceBusCommunicationError):
@@ -322,8 +322,8 @@ class ServiceBusTriggerListener(Listener):
             log.warning(
                 "%s: could not %s message %s: %s",
                 self.name,
-                "complete" if complete else "abandon",
-                delivery.message.message_id,
+                outcome.action,
+                _shown_id(delivery.message),
                 f"{type(error).__name__}: {error}",
             )
 
@@ -346,13 +346,13 @@ class ServiceBusTriggerListener(Listener):
                 log.warning(
                     "%s: renewing the lock of message %s failed: %s",
                     self.name,
-                    delivery.message.message_id,
+                    _shown_id(delivery.message),
                     f"{type(error).__name__}: {error}",
                 )
 
     def _abandon_unfinished(self, receiver: ServiceBusReceiver) -> None:
         for key, delivery in list(self._in_flight.items()):
             del self._in_flight[key]
-            log.warning("%s: abandoning message %s unfinished at shutdown", self.name, delivery.message.message_id)
+            log.warning("%s: abandoning message %s unfinished at shutdown", self.name, _shown_id(delivery.message))
             if delivery.receiver is receiver:
-                self._settle(receiver, delivery, complete=False)
+                self._settle(receiver, delivery, _ABANDON)

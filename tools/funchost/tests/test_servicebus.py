@@ -65,11 +65,15 @@ def test_a_message_reaches_the_function_with_every_property_and_outputs_go_out(s
     assert seen["delivery_count"] == 1
     assert isinstance(seen["sequence_number"], int)
     assert str(uuid.UUID(seen["lock_token"])) == seen["lock_token"]
-    enqueued = _parse(seen["enqueued_time_utc"])
+    # As the Functions host sends them: times in UTC without an offset (the worker makes them naive
+    # datetimes), the expiry from the message's absolute-expiry-time (the sender's clock, whole seconds),
+    # and no LockedUntil or TimeToLive at all (the Service Bus extension's binding data has neither).
+    assert seen["enqueued_time_is_naive"]
+    enqueued = _parse(seen["enqueued_time_utc"]).replace(tzinfo=UTC)
     assert before - timedelta(seconds=5) <= enqueued <= datetime.now(UTC)
-    assert _parse(seen["locked_until"]) > enqueued
-    assert seen["time_to_live"] == 300.0
-    assert _parse(seen["expires_at_utc"]) == enqueued + timedelta(minutes=5)
+    expires = _parse(seen["expires_at_utc"]).replace(tzinfo=UTC)
+    assert abs(expires - (enqueued + timedelta(minutes=5))) <= timedelta(seconds=2)
+    assert seen["locked_until"] is None and seen["time_to_live"] is None
     assert seen["application_properties"] == seen["user_properties"] == properties
 
     # Both outputs went out after the call; the trigger message was completed.
