@@ -24,10 +24,14 @@ import uuid
 from pathlib import Path
 
 from azure.servicebus import ServiceBusMessage
+from azure.servicebus.amqp import AmqpAnnotatedMessage
 
 from core.models import message_id_for
 
 BAD_ORDERS = Path(__file__).resolve().parent / "corpus" / "bad_orders.json"
+#: Messages odd at the AMQP level (ids of other types, huge or binary properties,
+#: client-set annotations), each with what must come of it: see :func:`odd_message`.
+ODD_MESSAGES = BAD_ORDERS.with_name("odd_messages.json")
 
 # --- valid orders --------------------------------------------------------------------
 
@@ -104,3 +108,57 @@ def bad_order_body(case: dict, order_id: str = "bad-order") -> bytes:
             return json.dumps({**valid, **{f"k{i}": i for i in range(spec["keys"])}}).encode()
         raise ValueError(f"unknown generator {spec['kind']!r}")
     return case["body"].replace("ORDER_ID", order_id).encode("utf-8", errors="surrogatepass")
+
+
+# --- the odd-messages corpus -----------------------------------------------------------
+
+
+def load_odd_messages() -> list[dict]:
+    """Messages that any AMQP client may send, odd at the message level, each with its
+    ``expect``: ``rejected`` (a fragment of the rejection's reason; and what the row's
+    MessageId / ContentType must look like), ``processed``, or ``dead_lettered`` (the
+    reason: the Functions host cannot read the message, so the app never sees it)."""
+    return json.loads(ODD_MESSAGES.read_text(encoding="utf-8"))
+
+
+def _amqp_value(spec):
+    """A JSON spec as the AMQP value a client would send (``{"uuid": ...}``, ``{"long": n}``,
+    ``{"binary_hex": ...}``, ``{"repeat": c, "count": n}``; anything else as it is)."""
+    if isinstance(spec, dict):
+        if "uuid" in spec:
+            return uuid.UUID(spec["uuid"])
+        if "long" in spec:
+            return int(spec["long"])
+        if "binary_hex" in spec:
+            return bytes.fromhex(spec["binary_hex"])
+        if "repeat" in spec:
+            return spec["repeat"] * spec["count"]
+        return {key: _amqp_value(value) for key, value in spec.items()}
+    if isinstance(spec, list):
+        return [_amqp_value(value) for value in spec]
+    return spec
+
+
+def odd_message(case: dict, order_id: str) -> AmqpAnnotatedMessage:
+    """The case as an AMQP message (``AmqpAnnotatedMessage``: any property type). A body
+    ``VALID`` is a valid order with ``order_id``; ``VALID_WITH_HEADERS`` the same with
+    top-level ``ReplyTo`` and ``MessageId`` fields."""
+    body = case["body"]
+    if body == "VALID":
+        data = order_json(order_id)
+    elif body == "VALID_WITH_HEADERS":
+        data = json.dumps({**order_dict(order_id), "ReplyTo": "alerts", "MessageId": "forged"}).encode()
+    else:
+        data = body.encode()
+    properties = {
+        "message_id": _amqp_value(case.get("message_id", order_id)),
+        "content_type": _amqp_value(case.get("content_type", "application/json")),
+    }
+    if "reply_to" in case:
+        properties["reply_to"] = _amqp_value(case["reply_to"])
+    return AmqpAnnotatedMessage(
+        data_body=data,
+        properties=properties,
+        annotations=_amqp_value(case.get("annotations", {})) or None,
+        application_properties=_amqp_value(case.get("application_properties", {})) or None,
+    )

@@ -1,11 +1,13 @@
-"""The bad-input corpus through the real orders queue, mixed with valid orders."""
+"""The bad-input corpora through the real orders queue: bad order bodies mixed with valid
+orders, and messages odd at the AMQP level from any client."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 from adapters.wiring import services
-from devtools.orders import bad_order_body, load_bad_orders, order_json
+from core.models import ProcessState
+from devtools.orders import bad_order_body, load_bad_orders, load_odd_messages, odd_message, order_json
 from tests.e2e.conftest import processed, wait_until
 
 
@@ -42,3 +44,61 @@ def test_every_bad_case_is_rejected_with_its_reason_and_valid_orders_flow(stack)
     wait_until(lambda: len(deliveries()) == len(cases), timeout=10, what="every bad case's invocation to be logged")
     assert set(deliveries().values()) == {1}
     assert stack.emulator.message_counts(stack.settings["ORDERS_QUEUE"])["dead_letter"] == 0
+
+
+def test_odd_messages_from_any_client_each_end_as_expected_and_none_is_retried(stack):
+    """Messages odd at the AMQP level (devtools/corpus/odd_messages.json): ids of other
+    types, 40,000-character properties, binary properties, client-set annotations. Each
+    is rejected with its reason, processed, or, where the Functions host itself cannot
+    read it, dead-lettered with that reason; none is delivered twice, the orders queue
+    ends empty and the host keeps going."""
+    from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
+
+    cases = load_odd_messages()
+    (host,) = stack.start_hosts()
+    ids = [f"odd-{i}" for i in range(len(cases))]
+    with ServiceBusClient.from_connection_string(stack.connection_string) as client:
+        with client.get_queue_sender(stack.settings["ORDERS_QUEUE"]) as sender:
+            for order_id, case in zip(ids, cases):
+                sender.send_messages(odd_message(case, order_id))
+
+    processed_ids = [order_id for order_id, case in zip(ids, cases) if "processed" in case["expect"]]
+    rejected = [(order_id, case) for order_id, case in zip(ids, cases) if "rejected" in case["expect"]]
+    dead = [case for case in cases if "dead_lettered" in case["expect"]]
+    states = stack.wait_closed(processed_ids, timeout=60)
+    assert {s.process_state for s in states.values()} == {ProcessState.PROCESSED}
+    for order_id, case in zip(ids, cases):
+        if "note" in case["expect"]:
+            assert case["expect"]["note"] in (states[order_id].note or ""), case["name"]
+    rows = wait_until(lambda: (r := services().rejections.list(limit=1000)) and len(r) >= len(rejected) and r,
+                      timeout=30, what="every rejected case to be kept")
+    for order_id, case in rejected:
+        expect = case["expect"]
+        wanted = expect.get("message_id", order_id).replace("ORDER_ID", order_id)
+
+        def matches(row, expect=expect, wanted=wanted) -> bool:
+            if "message_id_starts" in expect:
+                return row["MessageId"].startswith(expect["message_id_starts"])
+            return row["MessageId"] == wanted
+
+        (row,) = [row for row in rows if matches(row)]
+        assert expect["rejected"] in row["Reason"], (case["name"], row["Reason"])
+        assert len(row["MessageId"]) <= expect.get("message_id_max", 1100), case["name"]
+        assert len(row["ContentType"]) <= expect.get("content_type_max", 1100), case["name"]
+    orders_queue = stack.settings["ORDERS_QUEUE"]
+    wait_until(lambda: stack.emulator.message_counts(orders_queue)["dead_letter"] == len(dead), timeout=30,
+               what="the unreadable messages to be dead-lettered")
+    with ServiceBusClient.from_connection_string(stack.connection_string) as client:
+        with client.get_queue_receiver(orders_queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
+            letters = receiver.peek_messages(max_message_count=len(dead) + 5)
+    assert sorted(m.dead_letter_reason for m in letters) == sorted(c["expect"]["dead_lettered"] for c in dead)
+    assert all(m.dead_letter_error_description and m.delivery_count <= 1 for m in letters)
+    counts = stack.emulator.message_counts(orders_queue)
+    assert counts["active"] + counts["locked"] == 0
+    # Each message the app saw was handled once: no invocation failed, none was retried.
+    invocations = host.invocations("submit_order")
+    assert invocations and all(inv.succeeded for inv in invocations)
+    assert len(invocations) == len(cases) - len(dead)
+    # The host is alive and takes the next order.
+    stack.send([("odd-after", order_json("odd-after"))])
+    assert stack.wait_closed(["odd-after"], timeout=30)["odd-after"].process_state is ProcessState.PROCESSED

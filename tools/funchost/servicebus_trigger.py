@@ -231,7 +231,8 @@ class ServiceBusTriggerListener(Listener):
                 outcome = self._cannot_convert(delivery, failure)
                 return
             rich = converted.message
-            details = f"queue={self.queue_name} message_id={rich.message_id} delivery_count={rich.delivery_count}"
+            shown = rich.message_id if len(rich.message_id or "") <= 200 else f"{rich.message_id[:200]}…"
+            details = f"queue={self.queue_name} message_id={shown} delivery_count={rich.delivery_count}"
             succeeded = self.invoker.invoke(self.spec, TriggerValue(rich, converted.body, details)).succeeded
             outcome = _COMPLETE if succeeded else _ABANDON
         except Exception:  # never lose a result: the pump settles every message it dispatched
