@@ -15,7 +15,15 @@ order's fixed part beside it, and writes to ``BENCHMARKS.md``:
 - ``idle``: operations per minute with no orders;
 - ``sweep``: the supervisor's sweep beside 0 / 10,000 / 100,000 finished orders (5 rows
   each), next to the naive full-table filter;
-- ``recovery``: a host killed mid-call at a middle step -> the order Processed on another host.
+- ``recovery``: a host killed mid-call at a middle step -> the order Processed on another host;
+- ``outage``: payments down (503) for 60 s while 300 orders flow through two hosts with the
+  app's defaults: orders undone, calls reaching payments per host per open period, time
+  from its return to every order Processed, breaker changes per host;
+- ``unknown``: 20% of the calls applied but answered after the call timeout: POSTs and
+  lookups per action applied, with (inventory, payments) and without (shipping) the lookup;
+- ``concurrency``: every remote answering in 2 s, the worker's default pool: requests
+  dropped past their deadline and steps/s, async agents vs the sync comparator
+  (:mod:`benchmarks.sync_agents`). See :mod:`benchmarks.resilience`.
 
 The chaos soak (``make soak`` / ``python -m benchmarks.soak``, :mod:`benchmarks.soak`)
 runs on its own and writes the report's chaos soak section, which ``make bench`` keeps.

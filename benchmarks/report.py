@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,10 @@ class Section:
     #: Cores kept busy by processes other than the benchmark's, on average over the phase.
     other_cores: float | None = None
     error: str | None = None
+    #: A section kept from an earlier report (its Markdown under the heading): not measured in this run.
+    kept: str | None = None
+    #: Its rows of that report's Targets table.
+    kept_targets: list[str] = field(default_factory=list)
 
     def figure(self, key: str, label: str, value, unit: str = "", **extra) -> Figure:
         fig = Figure(f"{self.key}.{key}", label, value, unit, **extra)
@@ -155,12 +160,16 @@ class Report:
             "| --- | ---: | ---: | :---: |",
         ]
         for section in self.sections:
+            out += section.kept_targets
             for fig in section.figures:
                 if fig.target:
                     met = "–" if fig.met is None else ("yes" if fig.met else "**no**")
                     out.append(f"| {section.title}: {fig.label} | {fig.shown()} | {fig.target} | {met} |")
         for section in self.sections:
             out += ["", f"## {section.title}", ""]
+            if section.kept is not None:
+                out += [section.kept, ""]
+                continue
             if section.intro:
                 out += [section.intro, ""]
             if section.seconds is not None:
@@ -236,6 +245,41 @@ def format_cell(cell) -> str:
     if cell is None:
         return "–"
     return str(cell)
+
+
+# --- the sections of the phases not run: kept from the last report -------------------------
+
+#: The line a kept section starts with, naming the run it was measured in.
+_KEPT = re.compile(r"^\*Kept from an earlier run \(.*\): not run this time\.\*$")
+
+
+def kept_sections(path: Path, titles: dict[str, str]) -> list[Section]:
+    """The sections titled ``titles`` (key -> title) of an existing report, as they are,
+    each with its rows of the report's Targets table; a section kept for the first time
+    gets a line naming the run it comes from (its date and options)."""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    soak = _soak_section_of(text)
+    if soak:
+        text = text.replace(soak.rstrip("\n"), "")
+    bodies: dict[str, str] = {}
+    for chunk in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
+        heading, _, body = chunk.partition("\n")
+        bodies[heading.strip()] = body.strip()
+    machine = bodies.get("Machine", "")
+    date = re.search(r"^\| date \| (.*) \|$", machine, re.MULTILINE)
+    options = re.search(r"^\| options \| (.*) \|$", machine, re.MULTILINE)
+    run = f"{date[1] if date else 'date unknown'}, options {options[1] if options else 'unknown'}"
+    targets = bodies.get("Targets", "").splitlines()
+    kept = []
+    for key, title in titles.items():
+        body = bodies.get(title)
+        if body is None:
+            continue
+        if not _KEPT.match(body.splitlines()[0] if body else ""):
+            body = f"*Kept from an earlier run ({run}): not run this time.*\n\n{body}"
+        rows = [line for line in targets if line.startswith(f"| {title}: ")]
+        kept.append(Section(key, title, kept=body, kept_targets=rows))
+    return kept
 
 
 # --- the chaos soak's section of BENCHMARKS.md -----------------------------------------

@@ -6,7 +6,11 @@ Stacks (each started for the phases that need it, and stopped after them):
 - *app*: plus the fake remote service and local hosts running ``function_app.py``:
   ``latency``, ``pipeline`` (1 host, then 2), ``recovery``;
 - *counted*: the app stack with Azurite writing its debug log (slower, so no timing is
-  taken on it): ``idle``, ``ops``.
+  taken on it): ``idle``, ``ops``;
+- one app stack of its own per resilience phase (faults and hosts of its own, started
+  there with the settings the phase needs): ``outage``, ``unknown``, ``concurrency``
+  (the app's async agents, then the sync comparator on the same stack, or on a fresh
+  one if the async run left orders in flight).
 """
 
 from __future__ import annotations
@@ -17,26 +21,42 @@ import tempfile
 import time
 import traceback
 from collections import Counter
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from adapters.store import StateStore
-from benchmarks import azurite_log, ceiling, pipeline, recovery
+from benchmarks import azurite_log, ceiling, pipeline, recovery, resilience, sync_agents
 from benchmarks.azurite_log import FRIENDLY, AzuriteLog, service_of
 from benchmarks.machine import describe
 from benchmarks.procstat import OtherLoad
-from benchmarks.report import Report, Section, soak_section
+from benchmarks.report import Report, Section, kept_sections, soak_section
 from benchmarks.stack import BenchStack, OrderSender
 from benchmarks.sweep import IN_FLIGHT, SweepBench
 from core import names
 from core.workflow import remotes
 from devtools.paths import ROOT
 
-PHASES = ("ceiling", "sweep", "latency", "pipeline", "recovery", "idle", "ops")
+PHASES = ("ceiling", "sweep", "latency", "pipeline", "recovery", "idle", "ops", "outage", "unknown", "concurrency")
+#: Each phase's section title in BENCHMARKS.md (a run of some phases keeps the others' by these).
+TITLES = {
+    "ceiling": "Ceiling: raw operations",
+    "sweep": "Supervisor sweep vs history",
+    "latency": "Latency per step at a light load",
+    "pipeline": "Pipeline throughput",
+    "recovery": "Recovery after a host crash",
+    "idle": "Idle cost",
+    "ops": "Operations per step and per order",
+    "outage": "Outage of a remote service",
+    "unknown": "Unknown outcomes: applied, answered too late",
+    "concurrency": "Slow remotes with the worker's default pool",
+}
+#: The order of the sections in BENCHMARKS.md.
+SECTION_ORDER = ("ceiling", "pipeline", "ops", "latency", "sweep", "recovery", "outage", "unknown", "concurrency",
+                 "idle")
 
 
 @dataclass
@@ -65,6 +85,27 @@ class Plan:
     recovery_trials: int = 3
     #: Orders through a stack's hosts before anything is measured (links and connections open).
     warm_up_orders: int = 20
+    #: Outage: orders sent at an even rate while payments answers 503, for this long, on these hosts.
+    outage_orders: int = 300
+    outage_seconds: float = 60.0
+    outage_hosts: int = 2
+    #: BREAKER_OPEN_SECONDS for the outage (None: the app's default, 30 s).
+    outage_open_seconds: float | None = None
+    #: How long the orders may take to finish once payments is back.
+    outage_timeout: float = 180.0
+    #: Slow remotes: orders sent at once, every call taking this long, on these hosts.
+    concurrency_orders: int = 300
+    concurrency_apply_seconds: float = 2.0
+    concurrency_hosts: int = 2
+    #: How long each of the two runs (async, sync agents) may take.
+    concurrency_cap: float = 180.0
+    #: Unknown outcomes: this share of the calls answered after slow_seconds (> the call timeout).
+    unknown_orders: int = 300
+    unknown_rate: float = 0.2
+    unknown_call_timeout: float = 2.0
+    unknown_slow_seconds: float = 5.0
+    unknown_hosts: int = 2
+    unknown_timeout: float = 180.0
 
     @classmethod
     def quick(cls) -> Plan:
@@ -72,6 +113,17 @@ class Plan:
             serial_ops=40, parallel=(2, 2), parallel_ops=200, op_budget=3.0, study=((1, 1), (1, 4), (4, 1)),
             study_ops=120, transport_reads=80, sweep_history=(0, 1000), sweep_repeats=3, pipeline_orders=200,
             pipeline_timeout=90.0, latency_seconds=8.0, idle_seconds=20.0, ops_orders=50, recovery_trials=1,
+            **cls.quick_resilience(),
+        )
+
+    @staticmethod
+    def quick_resilience() -> dict:
+        """The resilience phases in small: a 10 s outage with a 2 s open breaker, 20-30 orders."""
+        return dict(
+            outage_orders=25, outage_seconds=10.0, outage_hosts=2, outage_open_seconds=2.0, outage_timeout=60.0,
+            concurrency_orders=20, concurrency_apply_seconds=0.5, concurrency_hosts=1, concurrency_cap=30.0,
+            unknown_orders=30, unknown_call_timeout=0.5, unknown_slow_seconds=1.5, unknown_hosts=1,
+            unknown_timeout=60.0,
         )
 
 
@@ -88,6 +140,12 @@ class Options:
     def words(self) -> dict:
         chosen = None if set(self.phases) == set(PHASES) else ",".join(self.phases)
         return {"quick": self.quick, "phases": chosen, "sweep_100k": self.sweep_100k}
+
+
+def _ordered(sections: list[Section]) -> list[Section]:
+    """The sections in the report's order (:data:`SECTION_ORDER`)."""
+    order = {key: i for i, key in enumerate(SECTION_ORDER)}
+    return sorted(sections, key=lambda s: order.get(s.key, len(order)))
 
 
 class Runner:
@@ -116,20 +174,20 @@ class Runner:
             if wanted & {"ceiling", "sweep"}:
                 with self._stack("bare", with_remote=False, hosts=0) as stack:
                     if "ceiling" in wanted:
-                        self._phase("ceiling", "Ceiling: raw operations", self._ceiling, stack)
+                        self._phase("ceiling", self._ceiling, stack)
                     if "sweep" in wanted:
-                        self._phase("sweep", "Supervisor sweep vs history", self._sweep, stack)
+                        self._phase("sweep", self._sweep, stack)
             if wanted & {"latency", "pipeline", "recovery"}:
                 with self._stack("app", hosts=1) as stack:
                     sender = OrderSender(stack.servicebus_connection_string)
                     try:
                         pipeline.warm_up(stack, sender, "warm1-", count=self.plan.warm_up_orders)
                         if "latency" in wanted:
-                            self._phase("latency", "Latency per step at a light load", self._latency, stack, sender)
+                            self._phase("latency", self._latency, stack, sender)
                         if "pipeline" in wanted:
-                            self._phase("pipeline", "Pipeline throughput", self._pipeline, stack, sender)
+                            self._phase("pipeline", self._pipeline, stack, sender)
                         if "recovery" in wanted:
-                            self._phase("recovery", "Recovery after a host crash", self._recovery, stack, sender)
+                            self._phase("recovery", self._recovery, stack, sender)
                     finally:
                         sender.close()
             if wanted & {"idle", "ops"}:
@@ -140,11 +198,14 @@ class Runner:
                         pipeline.warm_up(stack, sender, "warm-", count=self.plan.warm_up_orders)
                         log = AzuriteLog(debug_log)
                         if "idle" in wanted:
-                            self._phase("idle", "Idle cost", self._idle, stack, log)
+                            self._phase("idle", self._idle, stack, log)
                         if "ops" in wanted:
-                            self._phase("ops", "Operations per step and per order", self._ops, stack, sender, log)
+                            self._phase("ops", self._ops, stack, sender, log)
                     finally:
                         sender.close()
+            for key in ("outage", "unknown", "concurrency"):  # each on stacks of its own
+                if key in wanted:
+                    self._phase(key, getattr(self, f"_{key}"))
         self.report.machine["duration"] = f"{time.monotonic() - started:.0f} s"
         self._order_sections()
         return self.report
@@ -152,7 +213,12 @@ class Runner:
     def finish(self) -> None:
         if self.options.out is not None:
             kept = soak_section(self.options.out)  # the last `make soak` results stay
-            text = self.report.to_markdown() + (f"\n{kept}" if kept else "")
+            # The sections of the phases not run this time stay as the last report had them.
+            measured = {section.key for section in self.report.sections}
+            not_run = {key: title for key, title in TITLES.items() if key not in measured}
+            sections = _ordered(self.report.sections + kept_sections(self.options.out, not_run))
+            merged = replace(self.report, sections=sections)
+            text = merged.to_markdown() + (f"\n{kept}" if kept else "")
             self.options.out.write_text(text, encoding="utf-8")
         if self.options.json_out is not None:
             self.options.json_out.write_text(self.report.to_json(), encoding="utf-8")
@@ -162,8 +228,7 @@ class Runner:
             shutil.rmtree(self.logs, ignore_errors=True)
 
     def _order_sections(self) -> None:
-        order = {key: i for i, key in enumerate(("ceiling", "pipeline", "ops", "latency", "sweep", "recovery", "idle"))}
-        self.report.sections.sort(key=lambda s: order.get(s.key, 99))
+        self.report.sections = _ordered(self.report.sections)
 
     @contextmanager
     def _stack(self, name: str, *, hosts: int, **kwargs):
@@ -176,7 +241,8 @@ class Runner:
             self._status(f"stopping the {name} stack")
             stack.stop()
 
-    def _phase(self, key: str, title: str, body, *args) -> None:
+    def _phase(self, key: str, body, *args) -> None:
+        title = TITLES[key]
         section = self.report.section(key, title)
         started = time.monotonic()
         load_before = os.getloadavg()[0]
@@ -199,7 +265,7 @@ class Runner:
             self.progress.remove_task(task.id)
         return self.progress.add_task(text, total=total)
 
-    def _counter(self, text: str, total: int):
+    def _counter(self, text: str, total: int | None = None):
         task = self._status(text, total)
         return lambda done: self.progress.update(task, completed=done) if self.progress is not None else None
 
@@ -707,3 +773,197 @@ class Runner:
             "apart: table requests by their role (the step's transaction, or the rest), Service Bus by queue "
             "(the remotes' request queues and agent-responses, or orders)."
         )
+
+    # -- resilience (benchmarks/resilience.py): each phase on stacks of its own ----------------
+
+    def _outage(self, section: Section) -> None:
+        plan = self.plan
+        with self._stack("outage", hosts=0) as stack:
+            sender = OrderSender(stack.servicebus_connection_string)
+            try:
+                r = resilience.outage(
+                    stack, sender, orders=plan.outage_orders, seconds=plan.outage_seconds, hosts=plan.outage_hosts,
+                    open_seconds=plan.outage_open_seconds, warm_up=plan.warm_up_orders, timeout=plan.outage_timeout,
+                    status=self._counter,
+                )
+            finally:
+                sender.close()
+        down = resilience.DOWN
+        undone = r.states["Compensated"] + r.states["Error"]
+        section.figure(
+            "compensated_or_error", "orders ending Compensated or Error", undone, "", target="0", met=undone == 0,
+            note=f"Processed {r.states['Processed']} / {r.orders}" + (
+                f", {r.states['unfinished']} unfinished {plan.outage_timeout:g} s after {down} was back"
+                if r.states["unfinished"] else ""),
+        )
+        section.figure(
+            "calls_per_host_period", f"calls to {down} while down, per host per open period (all calls / "
+            f"({r.hosts} hosts × {r.periods:.1f} periods))", r.per_host_period, "", target="≤ 5",
+            met=r.per_host_period <= 5,
+            note=f"{r.calls_down} calls in {r.outage_seconds:.0f} s, BREAKER_OPEN_SECONDS={r.open_seconds:g}",
+        )
+        after = None if r.calls_before_open is None else r.calls_down - r.calls_before_open
+        section.figure(
+            "calls_after_open_per_host_period", f"calls to {down} after every host's breaker had opened, per "
+            "host per open period", None if after is None else after / (r.hosts * r.periods), "",
+            note="a host's breaker never opened" if after is None else
+            f"{r.calls_before_open} calls before (the requests in flight as the breakers opened), {after} after",
+        )
+        section.figure("back_to_processed", f"{down} back → every order Processed", r.back_to_done, "s",
+                       target="≤ 30 s", met=r.back_to_done is not None and r.back_to_done <= 30)
+        per_host = " / ".join
+        section.figure("openings", "breaker openings (closed → open), per host",
+                       per_host(str(b.openings) for b in r.breakers))
+        section.figure("half_open_failures", "half-open trials that failed (→ open again), per host",
+                       per_host(str(b.trials_failed) for b in r.breakers),
+                       note="and that succeeded (→ closed): " + per_host(str(b.trials_ok) for b in r.breakers))
+        section.figure("lines_postponed", "lines postponed (the scheduler's 'postponed for': back to Pending, "
+                       "nudged after the wait)", r.lines_postponed, "",
+                       note=f"{r.orders_postponed} orders postponed at least once")
+        section.figure("failures", "failed attempts counted on the orders' lines", r.failures, "")
+        section.figure("dropped", "requests dropped by the agents past complete-by",
+                       sum(b.dropped for b in r.breakers), "")
+        section.table(
+            f"the breakers for {down}, per host (from the host logs)",
+            ["host", "first opened (s after the outage began)", "openings", "half-open trials failed",
+             "half-open trials succeeded", f"closed again (s after {down} was back)",
+             "requests its agent answered 'postponed' (no call)", "requests dropped past complete-by"],
+            [[b.name, b.first_open, b.openings, b.trials_failed, b.trials_ok, b.closed_after_back,
+              b.postponed_requests, b.dropped] for b in r.breakers],
+            note=f"The fake remote counts calls per service, not per caller, so the per-host figure is the total "
+            "over hosts × open periods (outage / BREAKER_OPEN_SECONDS = "
+            f"{r.outage_seconds:.0f} / {r.open_seconds:g}). "
+            "The host logs split it in time: each breaker change is a timestamped line ('circuit breaker for "
+            f"{down}: closed -> open'), as is every call the fake remote answers (its log, in this process): the calls "
+            "answered before the "
+            "last host's first opening are the burst of requests already past the breaker; after it, a host calls "
+            "only for a half-open trial (one call: the table's trials).",
+        )
+        settings = ("the app's defaults" if plan.outage_open_seconds is None
+                    else f"the app's defaults but BREAKER_OPEN_SECONDS={plan.outage_open_seconds:g}")
+        section.intro = (
+            f"{down} answers 503 to every call for {plan.outage_seconds:g} s (the fake remote's `transient` rate "
+            f"1.0) while {r.orders} orders of {pipeline.STEPS} steps are sent at an even rate over that time to "
+            f"{r.hosts} hosts with {settings} (breaker: {resilience.DEFAULT_OPEN_SECONDS:g} s open, 5 failed requests "
+            "in a row; step timeout 30 s; supervisor every 15 s; 10 postponements in a row count one failure); then "
+            f"{down} is back, and every order is waited for ({plan.outage_timeout:g} s at most). Targets: no order "
+            f"undone or in Error, at most 5 calls to {down} per host per open period while it is down, every order "
+            f"Processed within 30 s of {down}'s return."
+        )
+
+    def _unknown(self, section: Section) -> None:
+        plan = self.plan
+        with self._stack("unknown", hosts=0) as stack:
+            sender = OrderSender(stack.servicebus_connection_string)
+            try:
+                r = resilience.unknown_outcomes(
+                    stack, sender, orders=plan.unknown_orders, hosts=plan.unknown_hosts, rate=plan.unknown_rate,
+                    call_timeout=plan.unknown_call_timeout, slow_seconds=plan.unknown_slow_seconds,
+                    warm_up=plan.warm_up_orders, timeout=plan.unknown_timeout, status=self._counter,
+                )
+            finally:
+                sender.close()
+        for s in r.services:
+            label = f"POSTs per action applied at {s.service}"
+            if s.lookup:
+                section.figure(f"posts_per_action.{s.service}", f"{label} (offers the lookup)", s.posts_per_action,
+                               "", target="≤ 1.05",
+                               met=s.posts_per_action is not None and s.posts_per_action <= 1.05,
+                               note=f"{s.lookups_per_action or 0:.2f} lookups per action")
+            else:
+                section.figure(f"posts_per_action.{s.service}", f"{label} (no lookup: sent again with the same key)",
+                               s.posts_per_action, "", note=f"{s.replays} replays")
+        section.figure("lookups_per_action", "lookups per action applied, where offered",
+                       sum(s.lookups for s in r.services if s.lookup) / max(1, sum(s.applied for s in r.services
+                                                                                   if s.lookup)), "")
+        section.figure("twice", "actions applied twice", r.twice, "", target="0", met=r.twice == 0)
+        section.figure("processed", "orders Processed", f"{r.states['Processed']} / {r.orders}",
+                       note=", ".join(f"{k} {v}" for k, v in sorted(r.states.items()) if k != "Processed"))
+        section.figure("seconds", "first send → last order final", r.seconds, "s",
+                       note=f"breaker openings {r.breaker_openings}, lines postponed {r.lines_postponed}, "
+                       f"requests dropped past complete-by {r.dropped_steps}")
+        section.table(
+            "calls per service, counted at the fake remote",
+            ["service", "lookup by key", "actions applied", "POSTs", "POSTs per action", "answered too late (slow)",
+             "replays", "lookups", "lookups per action"],
+            [[s.service, "yes" if s.lookup else "no", s.applied, s.posts, s.posts_per_action, s.slow, s.replays,
+              s.lookups, s.lookups_per_action] for s in r.services],
+            note="A call answered too late was applied all the same; the agent's call timed out, so its outcome "
+            "is unknown. Where the service offers `GET {base}/{action}/{idempotency key}`, the agent's next try "
+            "asks first and is done without a POST; where it does not, it POSTs again with the same key and the "
+            "service replays its first answer (a replay can be slow again: another try). Every POST counts, the "
+            "replays included.",
+        )
+        section.intro = (
+            f"{r.orders} orders of {pipeline.STEPS} steps sent at once to {r.hosts} host(s); at every service "
+            f"{r.rate:.0%} of the calls (drawn per call) are applied but answered after {r.slow_seconds:g} s (the "
+            f"fake remote's `slow` rate), past the agents' call timeout, shortened to keep the phase short: "
+            f"REMOTE_CALL_TIMEOUT_SECONDS={r.call_timeout:g} (default {resilience.DEFAULT_CALL_TIMEOUT:g}); every "
+            "other setting is the app's default. Target: at most 1.05 POSTs per action applied at the services "
+            "that offer the lookup (inventory, payments); shipping, without it, for contrast."
+        )
+
+    def _concurrency(self, section: Section) -> None:
+        plan = self.plan
+        runs: list[resilience.AgentsRun] = []
+        with ExitStack() as cleanup:
+            stack = sender = None
+            for agents in ("async", "sync"):
+                if runs:
+                    self._status("concurrency: stopping the async agents' hosts")
+                    stack.stop_hosts()
+                if not runs or runs[-1].capped:  # a fresh stack, unless the async run left nothing in flight
+                    stack = cleanup.enter_context(self._stack(f"concurrency-{agents}", hosts=0))
+                    sender = OrderSender(stack.servicebus_connection_string)
+                    cleanup.callback(sender.close)
+                app_dir = sync_agents.write_app(self.logs / "sync-app") if agents == "sync" else None
+                runs.append(resilience.agents_run(
+                    stack, sender, agents=agents, app_dir=app_dir, orders=plan.concurrency_orders,
+                    hosts=plan.concurrency_hosts, apply_seconds=plan.concurrency_apply_seconds,
+                    warm_up=plan.warm_up_orders, cap=plan.concurrency_cap, status=self._counter,
+                ))
+        by = {run.agents: run for run in runs}
+        section.figure("threads", "worker threads for sync functions per host: min(32, cores + 4) on this machine",
+                       by["async"].threads, "", note=f"the hosts' start-up line; {os.cpu_count()} cores")
+        for run in runs:
+            target = {"target": "0", "met": run.dropped_steps == 0} if run.agents == "async" else {}
+            section.figure(f"dropped_steps.{run.agents}", f"{run.agents} agents: requests dropped past complete-by",
+                           run.dropped_steps, "", note=f"{run.dropped_orders} orders affected", **target)
+            section.figure(f"steps_per_s.{run.agents}", f"{run.agents} agents: steps/s", run.steps_per_second,
+                           "steps/s", note=f"{run.steps} steps in {run.seconds:.0f} s"
+                           + (f", stopped at the {plan.concurrency_cap:g} s cap" if run.capped else ""))
+        a, s = by["async"].steps_per_second, by["sync"].steps_per_second
+        section.figure("ratio", "steps/s, async agents / sync agents (same run)", a / s if a and s else None, "")
+        section.table(
+            "the two runs",
+            ["agents", "hosts", "worker threads per host", "orders", "Processed", "Compensated", "Error",
+             "not final at the end", "steps applied", "undos applied", "seconds", "steps/s",
+             "requests dropped past complete-by", "orders with a drop", "calls past Complete-By at the remote"],
+            [[r.agents, r.hosts, r.threads, r.orders, r.states["Processed"], r.states["Compensated"], r.states["Error"],
+              r.states["unfinished"], r.steps, r.undos, r.seconds, r.steps_per_second, r.dropped_steps,
+              r.dropped_orders, r.late_calls] for r in runs],
+            note="Steps are the forward actions applied at the remote services for the run's orders; seconds from the "
+            "first send to the last order's final commit, or to the cap. A dropped request is an agent's "
+            "'arrived past complete-by' or 'no result before complete-by' log line: nothing was sent back, and the "
+            "supervisor runs the step again once it expires (30 s), up to 3 failures, then undoes the order.",
+        )
+        hosts = plan.concurrency_hosts
+        section.intro = (
+            f"{plan.concurrency_orders} orders of {pipeline.STEPS} steps sent at once, every remote service taking "
+            f"{plan.concurrency_apply_seconds:g} s per call (the fake remote's `apply_seconds`), on {hosts} host(s) "
+            f"with the Python worker's default pool for sync functions on this machine, PYTHON_THREADPOOL_THREAD_COUNT "
+            f"= min(32, cores + 4) = {resilience.WORKER_THREADS} (the local stack otherwise sets 16); app defaults "
+            "otherwise (host.json: 16 concurrent calls per trigger; step timeout 30 s). Run twice: first the "
+            "app (async agents: they hold no thread while waiting), then the sync comparator "
+            "(benchmarks/sync_agents.py: each call holds a pool thread, shared with the scheduler's functions) on the "
+            "same stack once the async run has left nothing in flight (else on a fresh one), each until every order "
+            f"is final or {plan.concurrency_cap:g} s."
+        )
+        queueing = plan.concurrency_orders * plan.concurrency_apply_seconds / 16
+        if hosts > 1 and queueing > resilience.DEFAULT_STEP_TIMEOUT:
+            section.intro += (
+                f" {hosts} hosts, as one host could not drop nothing even with async agents: "
+                f"{plan.concurrency_orders} calls × {plan.concurrency_apply_seconds:g} s / 16 concurrent calls = "
+                f"{queueing:.1f} s of queueing at the first step, past its "
+                f"{resilience.DEFAULT_STEP_TIMEOUT:g} s timeout."
+            )

@@ -23,6 +23,8 @@ from adapters.settings import Settings
 from devtools import azurite as azurite_launcher
 from devtools.localstack import LocalStack, servicebus_queue
 from devtools.orders import order_message
+from devtools.paths import ROOT
+from tools.funchost.testing import FuncHosts, HostProcess
 from tools.servicebus_emulator import QueueSettings
 
 #: Extra Service Bus queues the ceiling measurement uses (shaped like agent-responses).
@@ -42,6 +44,20 @@ class BenchStack(LocalStack):
         super().__post_init__()
         self._stats_lock = threading.Lock()
         self._tables = None
+        self._app_hosts: FuncHosts | None = None
+
+    def start_app_hosts(self, count: int, *, app_dir: Path | None = None, **settings: str) -> list[HostProcess]:
+        """Host processes with app settings on top of the stack's (``settings``), running
+        the app or, with ``app_dir``, another script root (benchmarks.sync_agents.write_app);
+        handles with their own logs. Stopped with the stack's other hosts."""
+        if self._app_hosts is None:
+            self._app_hosts = FuncHosts(self.log_dir / "app-hosts", app_dir=ROOT)
+        return self._app_hosts.start(app_dir or ROOT, count=count, env={**self.env, **settings})
+
+    def stop_hosts(self, timeout: float = 30.0) -> None:
+        super().stop_hosts(timeout)
+        if self._app_hosts is not None:
+            self._app_hosts.stop_all(timeout)
 
     def _start_azurite(self):
         return azurite_launcher.start(self.storage_ports, debug_log=self.azurite_debug_log)

@@ -1,8 +1,8 @@
 """Smoke tests of ``make bench``: every phase but recovery in its smallest form, on real
 local stacks (Azurite, the Service Bus emulator, the fake remote, a local host), plus the
-per-step arithmetic and the Azurite log's roles on fixed inputs. They check the report's
-shape and that a step's cost is counted apart from the order's fixed part: speed is
-reported, never asserted."""
+per-step arithmetic, the Azurite log's roles and the sections kept from an earlier report
+on fixed inputs. They check the report's shape and that a step's cost is counted apart
+from the order's fixed part: speed is reported, never asserted."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import json
 from rich.console import Console
 
 from benchmarks import azurite_log, ceiling
-from benchmarks.report import write_soak_section
+from benchmarks.report import Report, kept_sections, write_soak_section
 from benchmarks.runner import Options, Plan, Runner
 from benchmarks.sweep import FINISHED_ROWS, IN_FLIGHT, IN_FLIGHT_ROWS
 from core.workflow import CURRENT
@@ -52,6 +52,23 @@ APP_KEYS = [
     "ops.table_writes_per_step", "ops.table_reads_per_step", "ops.table_requests_per_step", "ops.table_fixed_per_order",
     "ops.servicebus_per_step", "ops.servicebus_fixed_per_order", "ops.steps",
     "idle.storage_per_min", "idle.servicebus_receive_calls_per_min",
+]
+
+#: The resilience phases in their smallest form (~35 s together): a 4 s outage with a 1 s
+#: open breaker, a handful of orders, no warm-up.
+RESILIENCE = Plan(
+    warm_up_orders=0, outage_orders=16, outage_seconds=4.0, outage_hosts=2, outage_open_seconds=1.0,
+    outage_timeout=40.0, concurrency_orders=8, concurrency_apply_seconds=0.3, concurrency_hosts=1,
+    concurrency_cap=30.0, unknown_orders=10, unknown_call_timeout=0.3, unknown_slow_seconds=1.0, unknown_hosts=1,
+    unknown_timeout=40.0,
+)
+RESILIENCE_KEYS = [
+    "outage.compensated_or_error", "outage.calls_per_host_period", "outage.back_to_processed", "outage.openings",
+    "outage.half_open_failures", "outage.lines_postponed",
+    "unknown.posts_per_action.inventory", "unknown.posts_per_action.payments", "unknown.posts_per_action.shipping",
+    "unknown.lookups_per_action", "unknown.twice",
+    "concurrency.threads", "concurrency.dropped_steps.async", "concurrency.steps_per_s.async",
+    "concurrency.dropped_steps.sync", "concurrency.steps_per_s.sync", "concurrency.ratio",
 ]
 
 
@@ -127,7 +144,56 @@ def test_app_phases_count_a_step_apart_from_the_order(tmp_path):
     assert "## Operations per step and per order" in out.read_text()
 
 
+def test_resilience_phases_report_every_figure(tmp_path):
+    """Outage, unknown outcomes, slow remotes with async and sync agents: the figures are there."""
+    runner = Runner(
+        Options(phases=("outage", "unknown", "concurrency"), out=tmp_path / "BENCHMARKS.md", plan=RESILIENCE),
+        Console(file=io.StringIO(), width=200),
+    )
+    report = runner.run()
+    runner.finish()
+
+    assert {s.key: s.error for s in report.sections} == {"outage": None, "unknown": None, "concurrency": None}
+    figures = report.figures()
+    tables = {s.key: [t.rows for t in s.tables] for s in report.sections}
+    for key in RESILIENCE_KEYS:
+        assert key in figures, f"missing figure {key}"
+        assert figures[key].value is not None, f"figure {key} was not measured: {tables}"
+    concurrency = next(s for s in report.sections if s.key == "concurrency")
+    assert [row[0] for row in concurrency.tables[0].rows] == ["async", "sync"]
+    markdown = (tmp_path / "BENCHMARKS.md").read_text()
+    for title in ("Outage of a remote service", "Unknown outcomes", "Slow remotes with the worker's default pool"):
+        assert f"## {title}" in markdown
+
+
 # --- without a stack -----------------------------------------------------------------
+
+
+def test_a_run_of_some_phases_keeps_the_other_phases_sections(tmp_path):
+    old = tmp_path / "BENCHMARKS.md"
+    old.write_text(
+        "# Benchmarks\n\n## Machine\n\n| | |\n| --- | --- |\n| date | 2026-01-01 |\n| options | `--quick` |\n\n"
+        "## Targets\n\n| figure | measured | target | met |\n| --- | ---: | ---: | :---: |\n"
+        "| Idle cost: a figure | 1 | ≤ 2 | yes |\n| Pipeline throughput: ratio | 0.1 | ≥ 0.5 | **no** |\n\n"
+        "## Idle cost\n\nthe idle figures\n\n## Pipeline throughput\n\nthe old pipeline\n"
+    )
+    write_soak_section(old, "## Chaos soak\n\nthe soak\n")
+    kept = kept_sections(old, {"idle": "Idle cost", "sweep": "Supervisor sweep vs history"})
+    assert [(s.key, s.kept_targets) for s in kept] == [("idle", ["| Idle cost: a figure | 1 | ≤ 2 | yes |"])]
+    assert kept[0].kept.startswith("*Kept from an earlier run (2026-01-01, options `--quick`): not run this time.*")
+    assert kept[0].kept.endswith("the idle figures")
+
+    report = Report(machine={"date": "2026-02-02"}, options={})
+    report.section("pipeline", "Pipeline throughput").figure("ratio", "ratio", 0.6, target="≥ 0.5", met=True)
+    report.sections += kept
+    old.write_text(report.to_markdown())
+    markdown = old.read_text()
+    assert "| Idle cost: a figure | 1 | ≤ 2 | yes |" in markdown
+    assert "| Pipeline throughput: ratio | 0.600" in markdown
+    assert "the old pipeline" not in markdown
+    # Kept again: the line still names the run it was measured in, once.
+    again = kept_sections(old, {"idle": "Idle cost"})[0].kept
+    assert again.count("Kept from an earlier run") == 1 and "2026-01-01" in again
 
 
 def _kind(kind: str, ms: float) -> ceiling.KindResult:
