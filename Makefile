@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test run soak bench setup clean
+.PHONY: demo test run soak bench setup browser clean
 
 setup: $(VENV)/.installed node_modules/.installed local.settings.json
 
@@ -24,11 +24,25 @@ node_modules/.installed: package.json package-lock.json
 local.settings.json:
 	cp local.settings.template.json local.settings.json
 
+# The operator page's browser test (tests/e2e/test_operator_page.py) drives Debian's
+# headless Chromium and its driver, never a downloaded browser: installed here when
+# missing and run as root (CI on Debian 12); otherwise this says how, and the test fails.
+CHROMIUM_PACKAGES := chromium chromium-driver
+
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing $(CHROMIUM_PACKAGES) for the operator page's browser test"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(CHROMIUM_PACKAGES); \
+	else \
+		echo "The operator page's browser test needs Chromium: sudo apt-get update && sudo apt-get install -y --no-install-recommends $(CHROMIUM_PACKAGES)"; \
+	fi
+
 # Two workers (pytest-xdist), each with its own Azurite and Service Bus emulator: the
 # end-to-end tests mostly wait on timers. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 
-test: setup
+test: setup browser
 	$(PY) -m pytest --numprocesses $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 demo: setup

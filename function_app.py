@@ -3,6 +3,7 @@
 import azure.functions as func
 
 from agents.blueprint import bp as agents
+from api.blueprint import bp as api
 from scheduler.blueprint import bp as scheduler
 from supervisor.blueprint import bp as supervisor
 
@@ -10,3 +11,4 @@ app = func.FunctionApp()
 app.register_functions(scheduler)
 app.register_functions(agents)
 app.register_functions(supervisor)
+app.register_functions(api)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from adapters import telemetry
 from adapters.messaging import Publisher
 from adapters.store import StateStore
+from core import names
 from core.models import Alert, OrderState, ProcessState, Status, StatusEvent
 from core.workflow import UnknownWorkflow, workflow
 
@@ -26,6 +28,17 @@ _STATUS = {
 
 
 def close_order(state: OrderState, *, store: StateStore, publisher: Publisher, alerts_queue: str, now: datetime) -> None:
+    with telemetry.span(
+        names.SPAN_CLOSE, order_id=state.order_id, step=state.step, kind=state.kind, attempt=state.attempt,
+        state=state.process_state,
+    ):
+        if state.process_state is ProcessState.ERROR:
+            telemetry.error(state.last_error or "the order ended in Error")
+        _close(state, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now)
+    telemetry.order_closed(state.process_state)
+
+
+def _close(state: OrderState, *, store: StateStore, publisher: Publisher, alerts_queue: str, now: datetime) -> None:
     if state.process_state is ProcessState.ERROR:
         try:
             definition = workflow(state.workflow, state.workflow_version)

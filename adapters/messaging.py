@@ -19,6 +19,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
 from pydantic import BaseModel
 
+from adapters import telemetry
 from core.models import AgentRequest, AgentResponse, Alert, Nudge, StatusEvent
 
 log = logging.getLogger(__name__)
@@ -37,13 +38,15 @@ def agent_request_id(order_id: str, step: str, attempt: int) -> str:
 
 
 def _message(body: BaseModel, *, message_id: str, correlation_id: str, subject: str, **extra) -> ServiceBusMessage:
-    """Every message the app sends: JSON of one model, correlated to its order."""
+    """Every message the app sends: JSON of one model, correlated to its order, with the
+    current span's trace context in its application properties (adapters.telemetry)."""
     return ServiceBusMessage(
         body.model_dump_json(),
         content_type=JSON,
         message_id=message_id,
         correlation_id=correlation_id,
         subject=subject,
+        application_properties=telemetry.message_properties() or None,
         **extra,
     )
 
@@ -90,6 +93,7 @@ class Publisher:
                 link.close()  # a broken link is not reused: the next send opens a fresh one
                 raise
         self.ops[kind] += 1
+        telemetry.message_sent("servicebus", kind)
 
     def send_agent_request(
         self, request: AgentRequest, *, queue: str, reply_to: str, now: datetime
@@ -192,6 +196,7 @@ class AsyncPublisher:
                 await _close_quietly(sender)
                 raise
         self.ops["agent_response"] += 1
+        telemetry.message_sent("servicebus", "agent_response")
 
     async def close(self) -> None:
         senders, self._senders = list(self._senders.values()), {}
@@ -217,7 +222,8 @@ def _response_message(response: AgentResponse) -> ServiceBusMessage:
 
 
 class Nudger:
-    """Puts nudges on the scheduler's storage queue (base64, as the Functions host reads them)."""
+    """Puts nudges on the scheduler's storage queue (base64, as the Functions host reads them),
+    each with the current span's trace context."""
 
     def __init__(self, queue_client) -> None:
         self.queue = queue_client
@@ -225,8 +231,10 @@ class Nudger:
 
     def nudge(self, nudge: Nudge, *, delay: timedelta = timedelta(0)) -> None:
         seconds = max(0, min(int(delay.total_seconds() + 0.999), 7 * 24 * 3600 - 1))
-        self.queue.send_message(nudge.model_dump_json(exclude_none=True), visibility_timeout=seconds or None)
+        body = telemetry.stamp(nudge).model_dump_json(exclude_none=True)
+        self.queue.send_message(body, visibility_timeout=seconds or None)
         self.ops["nudge"] += 1
+        telemetry.message_sent("storage_queue", "nudge")
 
 
 __all__ = ["AsyncPublisher", "Nudger", "Publisher", "agent_request_id"]

@@ -15,6 +15,7 @@ from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core import names
+from core.access import ApiAuth
 from core.workflow import StepPolicy, remotes
 
 
@@ -93,6 +94,23 @@ class Settings(BaseSettings):
     #: NCRONTAB (six fields, seconds first); read by the timer binding as %SUPERVISOR_SCHEDULE%.
     supervisor_schedule: str = _setting(names.SUPERVISOR_SCHEDULE_SETTING, names.DEFAULT_SUPERVISOR_SCHEDULE)
 
+    # --- The status API (api/, core/access.py) ---------------------------------------
+    #: easyauth (Azure: app roles from App Service Authentication), none (the local
+    #: stack, loopback only) or disabled (every call refused: the default).
+    api_auth: ApiAuth = _setting(names.API_AUTH_SETTING, ApiAuth.DISABLED)
+
+    # --- Telemetry (adapters/telemetry.py, docs/observability.md) ---------------------
+    #: Azure: traces and metrics to this Application Insights component...
+    applicationinsights_connection_string: str | None = _setting(names.APPINSIGHTS_CONNECTION_SETTING, None)
+    #: ...with the Entra ID token of the identity this names (``Authorization=AAD;ClientId=...``).
+    applicationinsights_authentication_string: str | None = _setting(names.APPINSIGHTS_AUTHENTICATION_SETTING, None)
+    #: Locally: spans, and metric points, appended as JSON lines to these files.
+    spans_file: str | None = _setting(names.SPANS_FILE_SETTING, None)
+    metrics_file: str | None = _setting(names.METRICS_FILE_SETTING, None)
+    #: Locally: every host's spans files (a glob), read by the operator page for an order's
+    #: timeline; unset, the host's own spans file (api/ops.py).
+    trace_spans_files: str | None = _setting(names.TRACE_SPANS_FILES_SETTING, None)
+
     @model_validator(mode="before")
     @classmethod
     def _collect_per_remote(cls, data):
@@ -136,6 +154,15 @@ class Settings(BaseSettings):
             agent_backoff_initial=self.agent_backoff_initial_seconds,
             agent_backoff_max=self.agent_backoff_max_seconds,
         )
+
+    def telemetry_identity(self) -> tuple[bool, str | None]:
+        """(Entra ID ingestion?, the identity's client id) from APPLICATIONINSIGHTS_AUTHENTICATION_STRING,
+        read as the Functions host reads it: ``Authorization=AAD`` and an optional ``ClientId``."""
+        pairs = dict(
+            part.split("=", 1) for part in (self.applicationinsights_authentication_string or "").split(";") if "=" in part
+        )
+        pairs = {key.strip().lower(): value.strip() for key, value in pairs.items()}
+        return pairs.get("authorization", "").upper() == "AAD", pairs.get("clientid") or None
 
     @property
     def step_timeout(self) -> timedelta:

@@ -39,6 +39,7 @@ from azure.core import MatchConditions
 from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
+from adapters import telemetry
 from core import lifecycle
 from core.models import LineRecord, LineState, OrderRequest, OrderState, ProcessState
 from core.workflow import Kind, Workflow
@@ -102,10 +103,11 @@ _STATE_FIELDS = {
     "max_failures": "MaxFailures",
     "postponements": "Postponements",
     "note": "Note",
+    "trace_parent": "TraceParent",
 }
 #: Optional values are written as "" (or 0) rather than left out: a MERGE that leaves
 #: a property out keeps its old value, so clearing LockedBy must write something.
-_OPTIONAL_TEXT = {"LockedBy", "LastError", "ReplyTo", "Step", "Cause", "Note"}
+_OPTIONAL_TEXT = {"LockedBy", "LastError", "ReplyTo", "Step", "Cause", "Note", "TraceParent"}
 _OPTIONAL_NUMBER = {"MaxFailures"}
 _INDEX_LISTS = {"Plan", "Failed"}
 
@@ -148,7 +150,7 @@ def state_from_entity(entity: dict[str, Any]) -> OrderState:
     return OrderState(**present, etag=entity.metadata.get("etag"))
 
 
-_NULLABLE = {"locked_by", "last_error", "reply_to", "step", "cause", "max_failures", "note"}
+_NULLABLE = {"locked_by", "last_error", "reply_to", "step", "cause", "max_failures", "note", "trace_parent"}
 
 _LINE_PREFIX = {Kind.ACTION: "step", Kind.COMPENSATION: "undo"}
 _LINE_PREFIXES = tuple(f"{prefix}-" for prefix in _LINE_PREFIX.values())
@@ -228,11 +230,15 @@ class StateStore:
         #: Table operations by kind, for benchmarks and tests (operations per order).
         self.ops: Counter[str] = Counter()
 
+    def _op(self, kind: str) -> None:
+        self.ops[kind] += 1
+        telemetry.table_operation(kind)
+
     # -- submission -----------------------------------------------------------------
 
     def create_order(
         self, order: OrderRequest, *, workflow: Workflow, reply_to: str | None, now: datetime, pending_timeout: timedelta,
-        note: str | None = None,
+        note: str | None = None, trace_parent: str | None = None,
     ) -> Created:
         """Write the order row and its Pending state row (at the workflow's first step)
         in one transaction.
@@ -241,7 +247,9 @@ class StateStore:
         the same id raises :class:`OrderConflict` and changes nothing.
         """
         document = order.document()
-        state = lifecycle.new_order(order.order_id, workflow, now, pending_timeout, reply_to, note=note)
+        state = lifecycle.new_order(
+            order.order_id, workflow, now, pending_timeout, reply_to, note=note, trace_parent=trace_parent
+        )
         # Index first: a crash after this line leaves an index row the supervisor
         # can heal; the other order would leave an order nobody supervises.
         self._index(order.order_id, now)
@@ -250,7 +258,7 @@ class StateStore:
             ("create", state_to_entity(state)),
         ]
         try:
-            self.ops["transaction"] += 1
+            self._op("transaction")
             results = self.table.submit_transaction(operations)
         except (TableTransactionError, ResourceExistsError) as error:
             if not _is_conflict(error):
@@ -271,7 +279,7 @@ class StateStore:
 
     def read(self, order_id: str) -> OrderRecord:
         """The order document, its state and its ended lines, in one query of the partition."""
-        self.ops["query"] += 1
+        self._op("query")
         rows = {
             row["RowKey"]: row
             for row in self.table.query_entities("PartitionKey eq @pk", parameters={"pk": order_id})
@@ -286,14 +294,14 @@ class StateStore:
 
     def get(self, order_id: str) -> OrderState:
         """The state of an order; raises :class:`OrderNotFound`."""
-        self.ops["read"] += 1
+        self._op("read")
         try:
             return state_from_entity(self.table.get_entity(order_id, STATE_ROW))
         except ResourceNotFoundError as error:
             raise OrderNotFound(f"no order {order_id!r}") from error
 
     def get_order(self, order_id: str) -> OrderRequest:
-        self.ops["read"] += 1
+        self._op("read")
         try:
             entity = self.table.get_entity(order_id, ORDER_ROW)
         except ResourceNotFoundError as error:
@@ -319,10 +327,10 @@ class StateStore:
         guard = {"etag": current.etag, "match_condition": MatchConditions.IfNotModified}
         try:
             if not lines:
-                self.ops["update"] += 1
+                self._op("update")
                 metadata = self.table.update_entity(changes, mode=UpdateMode.MERGE, **guard)
             else:
-                self.ops["transaction"] += 1
+                self._op("transaction")
                 operations = [("update", changes, {"mode": UpdateMode.MERGE, **guard})]
                 operations += [("upsert", line_to_entity(line), {"mode": UpdateMode.REPLACE}) for line in lines]
                 metadata = self.table.submit_transaction(operations)[0]
@@ -352,7 +360,7 @@ class StateStore:
     # -- the active index -------------------------------------------------------------
 
     def _index(self, order_id: str, now: datetime) -> None:
-        self.ops["index_upsert"] += 1
+        self._op("index_upsert")
         self.table.upsert_entity(
             {"PartitionKey": ACTIVE_PARTITION, "RowKey": order_id, "IndexedAt": now}, mode=UpdateMode.REPLACE
         )
@@ -363,7 +371,7 @@ class StateStore:
 
     def unindex(self, order_id: str, etag: str | None = None) -> None:
         """Drop an order from the active index; succeeds when it is already gone."""
-        self.ops["index_delete"] += 1
+        self._op("index_delete")
         try:
             if etag:
                 self.table.delete_entity(
@@ -381,7 +389,7 @@ class StateStore:
     ) -> list[tuple[str, datetime, str]]:
         """(order id, indexed at, index ETag) of the in-flight orders: one query of the
         index partition, optionally of the ids that start with ``id_prefix``."""
-        self.ops["index_query"] += 1
+        self._op("index_query")
         query, parameters = "PartitionKey eq @pk", {"pk": ACTIVE_PARTITION}
         if indexed_before is not None:
             query, parameters = f"{query} and IndexedAt lt @before", {**parameters, "before": indexed_before}
@@ -396,12 +404,38 @@ class StateStore:
     def list_states(self, *, id_prefix: str | None = None) -> list[OrderState]:
         """Every order's state, or those whose id starts with ``id_prefix``: a scan of the
         table (or of a key range), for tools and operators, never for the functions."""
-        self.ops["query"] += 1
+        self._op("query")
         query, parameters = "RowKey eq @rk", {"rk": STATE_ROW}
         if id_prefix:
             query = "PartitionKey ge @lo and PartitionKey lt @hi and RowKey eq @rk"
             parameters = {**parameters, "lo": id_prefix, "hi": id_prefix + _AFTER_PREFIX}
         return [state_from_entity(row) for row in self.table.query_entities(query, parameters=parameters)]
+
+    def states_updated_since(
+        self, since: datetime, *, limit: int
+    ) -> tuple[list[tuple[str, ProcessState, datetime]], bool]:
+        """(order id, state, updated at) of the orders whose state row was last written at or
+        after ``since``, at most ``limit`` of them, and whether there were more: for the
+        operator page's counts over time. One query of the state rows, three properties
+        each (a scan in Azure, as for ``list_states``: for operators, never the functions)."""
+        self._op("query")
+        rows = self.table.query_entities(
+            "RowKey eq @rk and UpdatedAt ge @since", parameters={"rk": STATE_ROW, "since": since},
+            select=["PartitionKey", "ProcessState", "UpdatedAt"], results_per_page=1000,
+        )
+        found = []
+        for row in rows:
+            if len(found) == limit:
+                return found, True
+            found.append((row["PartitionKey"], ProcessState(row["ProcessState"]), row["UpdatedAt"]))
+        return found, False
+
+    def in_flight(self, *, limit: int) -> tuple[list[OrderState], bool]:
+        """The states of the in-flight orders (the active index), at most ``limit`` of them,
+        and whether there were more: one index query and a point read per order."""
+        indexed = self.active_ids()
+        states = [s for *_, s in self._states(indexed[:limit]) if s is not None and not s.process_state.terminal]
+        return states, len(indexed) > limit
 
     def import_order(self, order: OrderRequest, state: OrderState, lines: Sequence[LineRecord] = ()) -> None:
         """Write an order with a state of its own choosing and the rows of the lines it has
@@ -410,7 +444,7 @@ class StateStore:
         its order, state and step rows). The lines are written under ``order``'s id."""
         if not state.process_state.terminal:
             self._index(order.order_id, state.updated_at)
-        self.ops["transaction"] += 1
+        self._op("transaction")
         self.table.submit_transaction(
             [
                 ("create", {"PartitionKey": order.order_id, "RowKey": ORDER_ROW, "Document": order.document()}),
@@ -474,7 +508,7 @@ class StateStore:
         """Operator view: rows in a given state, newest first. In-flight states are read
         through the active index; terminal states need a table scan (operator use only)."""
         if state.terminal:
-            self.ops["query"] += 1
+            self._op("query")
             rows = self.table.query_entities(
                 "RowKey eq @rk and ProcessState eq @state", parameters={"rk": STATE_ROW, "state": state.value}
             )
@@ -483,6 +517,46 @@ class StateStore:
             states = [s for *_, s in self._states(self.active_ids()) if s is not None and s.process_state is state]
         states.sort(key=lambda s: s.updated_at, reverse=True)
         return states[:limit]
+
+    def page_by_state(
+        self, state: ProcessState, *, limit: int, after: str | None = None
+    ) -> tuple[list[OrderState], str | None]:
+        """One page of the orders in a state, in order-id order, from the first id after
+        ``after``; and the id the next page starts after (None on the last page).
+
+        The cursor is a key, not a position, so orders written between two pages neither
+        repeat nor shift a page. Terminal states: one query of the state rows (a scan in
+        Azure, for operators); in-flight states: the active index, read in pages of
+        ``limit + 1`` ids, so a page costs the in-flight orders it reads, never the table."""
+        found: list[OrderState] = []
+        if state.terminal:
+            self._op("query")
+            query, parameters = "RowKey eq @rk and ProcessState eq @state", {"rk": STATE_ROW, "state": state.value}
+            if after:
+                query, parameters = f"{query} and PartitionKey gt @after", {**parameters, "after": after}
+            # The SDK follows the service's continuation tokens; stop one past the page.
+            for row in self.table.query_entities(query, parameters=parameters, results_per_page=min(limit + 1, 1000)):
+                found.append(state_from_entity(row))
+                if len(found) > limit:
+                    break
+        else:
+            cursor = after
+            while len(found) <= limit:
+                self._op("index_query")
+                query, parameters = "PartitionKey eq @pk", {"pk": ACTIVE_PARTITION}
+                if cursor:
+                    query, parameters = f"{query} and RowKey gt @after", {**parameters, "after": cursor}
+                batch = []
+                for row in self.table.query_entities(query, parameters=parameters, results_per_page=limit + 1):
+                    batch.append((row["RowKey"], row["IndexedAt"], row.metadata["etag"]))
+                    if len(batch) > limit:
+                        break
+                found += [s for *_, s in self._states(batch) if s is not None and s.process_state is state]
+                if len(batch) <= limit:
+                    break
+                cursor = batch[-1][0]
+        page = found[:limit]
+        return page, (page[-1].order_id if len(found) > limit else None)
 
 
 def _is_conflict(error: Exception) -> bool:

@@ -17,7 +17,7 @@ from typing import TypeVar
 from azure.core.exceptions import HttpResponseError
 from pydantic import BaseModel
 
-from adapters import clients
+from adapters import clients, telemetry
 from adapters.messaging import Nudger, Publisher
 from adapters.settings import Settings, get_settings
 from adapters.store import RejectionStore, StateStore
@@ -87,7 +87,9 @@ def services() -> Services:
     if _services is None:
         with _lock:
             if _services is None:
-                _services = Services.from_settings(get_settings())
+                built = Services.from_settings(get_settings())
+                telemetry.configure(built.settings, built.instance)  # once per process
+                _services = built
     return _services
 
 

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
+from adapters import telemetry
 from agents.breaker import BreakerOpen
 from agents.remote import DeadlineReached, PermanentRemoteError, RemoteClient, TransientRemoteError
 from core.models import AgentRequest, AgentResponse, Outcome
@@ -24,6 +25,7 @@ async def run(request: AgentRequest, *, remote: RemoteClient, now: Callable[[], 
             "order %s attempt %s (%s %s) arrived past complete-by: not acting",
             request.order_id, request.attempt, request.kind.value, request.step,
         )
+        telemetry.error("arrived past complete-by: not acting")
         return None
     try:
         if request.settle_first:
@@ -38,12 +40,14 @@ async def run(request: AgentRequest, *, remote: RemoteClient, now: Callable[[], 
         log.warning("order %s %s %s postponed: %s", request.order_id, request.kind.value, request.step, error)
         return _response(request, Outcome.POSTPONED, error=str(error), retry_after_seconds=error.retry_after)
     except PermanentRemoteError as error:
+        telemetry.error(f"refused: {error}")
         return _response(request, Outcome.FAILED_PERMANENT, error=str(error))
     except (DeadlineReached, TransientRemoteError) as error:
         log.warning(
             "order %s attempt %s: no result before complete-by (%s); sending nothing",
             request.order_id, request.attempt, error,
         )
+        telemetry.error(f"no result before complete-by: {error}")
         return None
     return _response(request, Outcome.SUCCEEDED, result=result)
 

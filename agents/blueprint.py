@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import azure.functions as func
 
-from adapters import clients
+from adapters import clients, telemetry
 from adapters.messaging import AsyncPublisher
 from adapters.settings import Settings, get_settings
-from adapters.wiring import parse_or_drop
+from adapters.wiring import instance_id, parse_or_drop
 from agents import agent
 from agents.breaker import CircuitBreaker
 from agents.remote import RemoteClient
@@ -45,7 +45,8 @@ class AgentRuntime:
                 s.remote_url(remote),
                 call_timeout=s.remote_call_timeout_seconds,
                 breaker=CircuitBreaker(
-                    remote, failure_threshold=s.breaker_failure_threshold, open_seconds=s.breaker_open_seconds
+                    remote, failure_threshold=s.breaker_failure_threshold, open_seconds=s.breaker_open_seconds,
+                    on_change=telemetry.breaker_changed,
                 ),
                 max_concurrent_calls=s.remote_max_concurrent_calls,
             )
@@ -59,6 +60,7 @@ def runtime() -> AgentRuntime:
     loop = asyncio.get_running_loop()
     if loop not in _runtimes:
         settings = get_settings()
+        telemetry.configure(settings, instance_id())  # once per process
         _runtimes[loop] = AgentRuntime(settings, AsyncPublisher(clients.async_servicebus_client(settings)))
     return _runtimes[loop]
 
@@ -68,9 +70,17 @@ async def handle(msg: func.ServiceBusMessage, remote: str) -> None:
     if request is None:
         return
     r = runtime()
-    response = await agent.run(request, remote=r.remote(remote), now=utcnow)
-    if response is not None:
-        await r.publisher.send_agent_response(response, queue=msg.reply_to or r.settings.agent_responses_queue)
+    parent = telemetry.parent_from_properties(msg.application_properties) or telemetry.parent_from_traceparent(
+        request.context.fence.trace_parent
+    )
+    with telemetry.entry(
+        names.SPAN_AGENT, parent, order_id=request.order_id, step=request.step, kind=request.kind,
+        attempt=request.attempt, remote=request.remote, action=request.action,
+    ):
+        response = await agent.run(request, remote=r.remote(remote), now=utcnow)
+        telemetry.annotate(outcome=response.outcome if response is not None else "no_response")
+        if response is not None:
+            await r.publisher.send_agent_response(response, queue=msg.reply_to or r.settings.agent_responses_queue)
 
 
 def bind(blueprint: func.Blueprint, remote: str, run_agent) -> None:
@@ -81,6 +91,7 @@ def bind(blueprint: func.Blueprint, remote: str, run_agent) -> None:
             arg_name="msg",
             queue_name=f"%{names.requests_queue_setting(remote)}%",
             connection=names.SERVICEBUS_CONNECTION,
+            data_type=func.DataType.BINARY,  # the body as sent (see scheduler/blueprint.py)
         )(run_agent)
     )
 

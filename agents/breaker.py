@@ -48,6 +48,7 @@ class CircuitBreaker:
         self, service: str, *, failure_threshold: int, open_seconds: float,
         jitter: float = 0.25, clock: Callable[[], float] = time.monotonic,
         random_fraction: Callable[[], float] = random.random,
+        on_change: Callable[[str, BreakerState], None] | None = None,
     ) -> None:
         self.service = service
         self.failure_threshold = failure_threshold
@@ -62,6 +63,8 @@ class CircuitBreaker:
         self._trial = False
         #: State changes, by the state entered (logged, and counted for tests and figures).
         self.changes: Counter[str] = Counter()
+        #: Told of every state change: (service, state entered), e.g. to count it as a metric.
+        self._on_change = on_change
 
     @property
     def state(self) -> BreakerState:
@@ -78,8 +81,19 @@ class CircuitBreaker:
             if self._state is BreakerState.HALF_OPEN and not self._trial:
                 self._trial = True
                 return
-            wait = max(self._opened_at + self.open_seconds - self._clock(), 1.0)
-            raise BreakerOpen(self.service, wait + self.jitter * self.open_seconds * self._random())
+            raise self._refusal()
+
+    def refuse_if_open(self) -> None:
+        """For a call that tells nothing about the action (a lookup): raise
+        :class:`BreakerOpen` while open; it never takes the half-open trial."""
+        with self._lock:
+            self._half_open_if_due()
+            if self._state is BreakerState.OPEN:
+                raise self._refusal()
+
+    def _refusal(self) -> BreakerOpen:
+        wait = max(self._opened_at + self.open_seconds - self._clock(), 1.0)
+        return BreakerOpen(self.service, wait + self.jitter * self.open_seconds * self._random())
 
     def succeeded(self) -> None:
         with self._lock:
@@ -107,3 +121,5 @@ class CircuitBreaker:
         log.warning("circuit breaker for %s: %s -> %s", self.service, self._state.value, state.value)
         self._state = state
         self.changes[state.value] += 1
+        if self._on_change is not None:
+            self._on_change(self.service, state)

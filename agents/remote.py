@@ -21,7 +21,9 @@ from typing import Any
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
+from adapters import telemetry
 from agents.breaker import CircuitBreaker
+from core import names
 from core.models import AgentRequest
 from core.workflow import Kind
 
@@ -77,9 +79,12 @@ def complete_by_header(when: datetime) -> str:
 
 @dataclass
 class _Tally:
-    """One request's calls (its retries): has a transient failure been counted yet?"""
+    """One request's calls (its retries): has a transient failure been counted yet?
+    ``counts``: False for lookups, which neither take the breaker's half-open trial nor
+    count toward it (a lookup's 404 says nothing about whether the action would work)."""
 
     failed: bool = False
+    counts: bool = True
 
 
 class RemoteClient:
@@ -161,6 +166,8 @@ class RemoteClient:
         )
         async for attempt in retrying:
             with attempt:
+                if attempt.retry_state.attempt_number > 1:
+                    telemetry.remote_retried(request.remote, request.action)
                 if unknown and request.lookup:
                     # The last call may have been applied: ask before sending it again.
                     settled = await self.lookup(request, now=now)
@@ -192,7 +199,8 @@ class RemoteClient:
         url = f"{self.base_url}/{request.action}/{request.idempotency_key}"
         try:
             status, text, _ = await self._request(
-                "GET", url, None, {}, min(self.call_timeout, time_left()), time_left, _Tally()
+                request, "GET", f"{request.action}/{{key}}", url, None, {}, min(self.call_timeout, time_left()),
+                time_left, _Tally(counts=False),
             )
         except TransientRemoteError as error:
             log.info("lookup %s failed (%s): sending the action", url, error)
@@ -207,35 +215,50 @@ class RemoteClient:
         return None
 
     async def _request(
-        self, method: str, url: str, body: dict | None, headers: dict[str, str], timeout: float,
-        time_left: Callable[[], float], tally: _Tally,
+        self, request: AgentRequest, method: str, route: str, url: str, body: dict | None, headers: dict[str, str],
+        timeout: float, time_left: Callable[[], float], tally: _Tally,
     ) -> tuple[int, str, str | None]:
         """One call through the breaker and the bulkhead: (status, text, Retry-After).
         Transient failures are recorded by the breaker, once per request (``tally``); a
-        wait for a bulkhead slot never outlasts the deadline."""
+        wait for a bulkhead slot never outlasts the deadline. Each call is an HTTP client
+        span whose context goes to the remote service in the ``traceparent`` header."""
         if self.breaker is not None:
-            self.breaker.before_call()
+            self.breaker.before_call() if tally.counts else self.breaker.refuse_if_open()
         try:
             await asyncio.wait_for(self._bulkhead().acquire(), timeout=max(0.0, time_left() - MIN_CALL_SECONDS))
         except asyncio.TimeoutError as error:
             raise DeadlineReached("no free call slot before complete-by") from error
         try:
-            async with self._session().request(
-                method, url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as response:
-                status, text, retry_after = response.status, await response.text(), response.headers.get("Retry-After")
-        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-            self._record(ok=False, tally=tally)
-            # Refused before it was sent: not applied. Otherwise it may have been.
-            sent = not isinstance(error, aiohttp.ClientConnectorError)
-            raise TransientRemoteError(f"{type(error).__name__}: {error}", unknown=sent) from error
+            with telemetry.client_span(
+                names.SPAN_HTTP.format(method=method, route=route),
+                order_id=request.order_id, step=request.step, kind=request.kind, attempt=request.attempt,
+                remote=request.remote, action=request.action,
+            ) as span:
+                if span.is_recording():
+                    span.set_attributes({"http.request.method": method, "url.full": url})
+                headers = {**headers, **telemetry.current()}
+                try:
+                    async with self._session().request(
+                        method, url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+                    ) as response:
+                        status, text = response.status, await response.text()
+                        retry_after = response.headers.get("Retry-After")
+                except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+                    self._record(ok=False, tally=tally)
+                    # Refused before it was sent: not applied. Otherwise it may have been.
+                    sent = not isinstance(error, aiohttp.ClientConnectorError)
+                    raise TransientRemoteError(f"{type(error).__name__}: {error}", unknown=sent) from error
+                if span.is_recording():
+                    span.set_attribute("http.response.status_code", status)
+                    if status >= 400:
+                        telemetry.error(f"HTTP {status}")
         finally:
             self._bulkhead().release()
         self._record(ok=status not in TRANSIENT_STATUS, tally=tally)
         return status, text, retry_after
 
     def _record(self, *, ok: bool, tally: _Tally) -> None:
-        if self.breaker is None:
+        if self.breaker is None or not tally.counts:
             return
         if ok:
             self.breaker.succeeded()
@@ -257,7 +280,7 @@ class RemoteClient:
             body["result"] = request.result
         headers = {"Idempotency-Key": request.idempotency_key, "Complete-By": complete_by_header(request.complete_by)}
         status, text, retry_after = await self._request(
-            "POST", f"{self.base_url}/{request.action}", body, headers, timeout, time_left, tally
+            request, "POST", request.action, f"{self.base_url}/{request.action}", body, headers, timeout, time_left, tally
         )
         retry_after = _retry_after(retry_after)
         if status in TRANSIENT_STATUS:

@@ -52,10 +52,11 @@ class Transition:
 
 def new_order(
     order_id: str, workflow: Workflow, now: datetime, pending_timeout: timedelta, reply_to: str | None,
-    note: str | None = None,
+    note: str | None = None, trace_parent: str | None = None,
 ) -> OrderState:
     """The state of a just-submitted order: Pending at its first step, to be claimed
-    before ``now + pending_timeout``; ``note`` is for the operator."""
+    before ``now + pending_timeout``; ``note`` is for the operator, ``trace_parent`` the
+    submission's trace context (W3C ``traceparent``)."""
     return OrderState(
         order_id=order_id,
         process_state=ProcessState.PENDING,
@@ -69,6 +70,7 @@ def new_order(
         kind=Kind.ACTION,
         step=workflow.steps[0].name,
         note=_error(note),
+        trace_parent=trace_parent,
     )
 
 

@@ -183,6 +183,9 @@ class OrderState(BaseModel):
     postponements: int = 0
     #: Set at submission for the operator: e.g. why the order's ReplyTo was ignored.
     note: str | None = None
+    #: The W3C ``traceparent`` of the order's submission, set once: the supervisor's
+    #: resets and an operator's resubmit continue the order's trace from it.
+    trace_parent: str | None = None
     #: The row's ETag when it was read (not stored); every transition is If-Match on it.
     etag: str | None = None
 
@@ -239,6 +242,9 @@ class Nudge(_Message):
     order_id: str
     state: OrderState | None = None
     document: str | None = None
+    #: The sender's trace context (W3C), so the claim it leads to joins the order's trace.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 class AgentPolicy(_Message):

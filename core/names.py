@@ -30,6 +30,10 @@ SCHEDULER_QUEUE_SETTING = "SCHEDULER_QUEUE"
 ORDERS_TABLE_SETTING = "ORDERS_TABLE"
 REJECTIONS_TABLE_SETTING = "REJECTIONS_TABLE"
 SUPERVISOR_SCHEDULE_SETTING = "SUPERVISOR_SCHEDULE"
+#: Who may call the status API (core/access.py): ``easyauth`` (app roles from App Service
+#: Authentication), ``none`` (no check: the local stack, on loopback), ``disabled``
+#: (every call refused; the default).
+API_AUTH_SETTING = "API_AUTH"
 
 # --- Default names ----------------------------------------------------------------
 
@@ -144,3 +148,79 @@ NAME_SETTINGS: dict[str, str] = {
     **{setting: name for name, setting in TABLES},
     SUPERVISOR_SCHEDULE_SETTING: DEFAULT_SUPERVISOR_SCHEDULE,
 }
+
+# --- Telemetry: where it goes, and the names of spans, attributes and metrics -----------
+# adapters/telemetry.py records them; docs/observability.md explains each one; the
+# Bicep's alert rules and workbook query the metrics by these names (tests/infra checks).
+
+#: Azure: Application Insights (the Functions host reads the same two settings).
+APPINSIGHTS_CONNECTION_SETTING = "APPLICATIONINSIGHTS_CONNECTION_STRING"
+#: ``Authorization=AAD;ClientId=<identity>``: telemetry is sent with that identity's token.
+APPINSIGHTS_AUTHENTICATION_SETTING = "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"
+#: Locally: spans, and metric points, as JSON lines appended to these files (one per process).
+SPANS_FILE_SETTING = "OTEL_SPANS_FILE"
+METRICS_FILE_SETTING = "OTEL_METRICS_FILE"
+#: Locally: every host's spans files, a glob pattern (``.../spans-host-*.jsonl``), which the
+#: operator page reads for an order's timeline (``GET /api/orders/{id}/trace``, api/ops.py).
+#: Unset: the host's own OTEL_SPANS_FILE only; neither set: no trace, the step rows only.
+TRACE_SPANS_FILES_SETTING = "TRACE_SPANS_FILES"
+#: ``service.name`` of every span and metric (Application Insights: cloud_RoleName).
+TELEMETRY_SERVICE = "scheduler-agent-supervisor"
+
+# Spans (one trace per order; docs/observability.md draws the tree).
+SPAN_SUBMIT = "order.submit"  # submit_order: the order message taken in (or rejected)
+SPAN_SCHEDULE = "order.schedule"  # schedule_order: a nudge that claimed nothing
+SPAN_CLAIM = "order.claim"  # a claim of a step's action, and its agent request sent
+SPAN_COMPENSATE = "order.compensate"  # a claim of a step's compensation (an undo), and its request sent
+SPAN_AGENT = "agent.run"  # an agent's handling of one request
+SPAN_RECORD = "order.record"  # complete_step: an agent response recorded (or ignored)
+SPAN_CLOSE = "order.close"  # the order's final state: status event, alert, out of the index
+SPAN_RESUBMIT = "order.resubmit"  # operator: Error -> Pending
+#: The supervisor acting on one expired order: ``supervisor.retry``, ``supervisor.give_up``,
+#: ``supervisor.renudge`` (the verdict), ``supervisor.heal`` (closing a terminal order again).
+SPAN_SUPERVISOR_PREFIX = "supervisor."
+#: An HTTP client span per call to a remote service: ``POST /reserve``, ``GET /reserve/{key}``.
+SPAN_HTTP = "{method} /{route}"
+
+# Span and metric attributes.
+ATTR_ORDER_ID = "order.id"
+ATTR_STEP = "order.step"
+ATTR_KIND = "order.kind"  # action | compensation
+ATTR_ATTEMPT = "order.attempt"
+ATTR_OUTCOME = "order.outcome"
+ATTR_STATE = "order.state"  # Pending, Processing, Processed, Compensated, Error
+ATTR_INSTANCE = "faas.instance"  # the host instance (WEBSITE_INSTANCE_ID), as LockedBy names it
+ATTR_REMOTE = "remote.service"
+ATTR_ACTION = "remote.action"
+ATTR_VERDICT = "supervisor.verdict"
+ATTR_BREAKER_STATE = "breaker.state"
+ATTR_OPERATION = "operation"
+ATTR_TRANSPORT = "transport"  # servicebus | storage_queue
+
+# Metrics.
+METRIC_ORDERS_SUBMITTED = "orders.submitted"  # counter {order.outcome: created, duplicate, rejected}
+METRIC_ORDERS_CLOSED = "orders.closed"  # counter {order.state}: orders by final state
+METRIC_STEPS_CLAIMED = "steps.claimed"  # counter {order.step, order.kind}: attempts started
+METRIC_STEP_DURATION = "steps.duration"  # histogram, s {order.step, order.kind, order.outcome}: claim -> response
+METRIC_DEADLINE_MISSES = "steps.deadline_misses"  # counter {order.step, order.kind, supervisor.verdict}
+METRIC_STEP_RETRIES = "steps.retries"  # counter {order.step, order.kind}: a line claimed again after a failure
+METRIC_COMPENSATIONS = "compensations"  # counter {order.step, order.outcome}: undos that ended (Done, Failed)
+METRIC_REMOTE_RETRIES = "remote.retries"  # counter {remote.service, remote.action}: calls after the first
+METRIC_BREAKER_CHANGES = "breaker.state_changes"  # counter {remote.service, breaker.state}
+METRIC_TABLE_OPERATIONS = "table.operations"  # counter {operation}
+METRIC_MESSAGES_SENT = "messages.sent"  # counter {transport, operation}
+
+#: Every metric the app records.
+METRICS: tuple[str, ...] = (
+    METRIC_ORDERS_SUBMITTED,
+    METRIC_ORDERS_CLOSED,
+    METRIC_STEPS_CLAIMED,
+    METRIC_STEP_DURATION,
+    METRIC_DEADLINE_MISSES,
+    METRIC_STEP_RETRIES,
+    METRIC_COMPENSATIONS,
+    METRIC_REMOTE_RETRIES,
+    METRIC_BREAKER_CHANGES,
+    METRIC_TABLE_OPERATIONS,
+    METRIC_MESSAGES_SENT,
+)

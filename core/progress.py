@@ -1,10 +1,14 @@
 """An order's progress through its workflow, line by line, from the rows as read: what
-``ordersctl status`` prints (and ``--json`` returns). Pure: no I/O."""
+``ordersctl status`` prints, and the order document that ``ordersctl status --json`` and
+the status API (``GET /api/orders/{id}``) return. Pure: no I/O."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from core.models import Line, LineRecord, OrderState, ProcessState
-from core.workflow import Kind, Workflow
+from core.workflow import Kind, UnknownWorkflow, Workflow, workflow
 
 #: A line that has not ended yet: waiting for the scheduler, or with its agent.
 WAITING = "Waiting"
@@ -52,3 +56,58 @@ def progress(state: OrderState, workflow: Workflow, lines: tuple[LineRecord, ...
         undo.add(current[0])
     views += [view(i, Kind.COMPENSATION) for i in sorted(undo, reverse=True)]
     return views
+
+
+def steps_of(state: OrderState, lines: tuple[LineRecord, ...] | list[LineRecord]) -> list[dict[str, Any]]:
+    """Every line of the order as JSON-ready dicts; one ``{"error": ...}`` entry when the
+    order's workflow definition is not known to this version of the app."""
+    try:
+        definition = workflow(state.workflow, state.workflow_version)
+    except UnknownWorkflow as error:
+        return [{"error": str(error)}]
+    return [line.model_dump(mode="json") for line in progress(state, definition, lines)]
+
+
+def order_summary(state: OrderState) -> dict[str, Any]:
+    """Where an order stands, in one JSON-ready dict (a row of ``GET /api/orders?state=``)."""
+    return {
+        "order_id": state.order_id,
+        "state": state.process_state.value,
+        "step": state.step,
+        "kind": state.kind.value,
+        "attempt": state.attempt,
+        "failure_count": state.failure_count,
+        "last_error": state.last_error,
+        "complete_by": state.complete_by.isoformat(),
+        "created_at": state.created_at.isoformat(),
+        "updated_at": state.updated_at.isoformat(),
+    }
+
+
+def status_document(
+    state: OrderState, document: str, lines: tuple[LineRecord, ...] | list[LineRecord]
+) -> dict[str, Any]:
+    """The order with its steps: ``ordersctl status --json`` and ``GET /api/orders/{id}``.
+
+    ``document`` is the order as stored (its JSON text); ``lines`` the rows of the lines
+    that ended."""
+    return {
+        "order_id": state.order_id,
+        "state": state.process_state.value,
+        "workflow": state.workflow,
+        "workflow_version": state.workflow_version,
+        "step": state.step,
+        "kind": state.kind.value,
+        "attempt": state.attempt,
+        "failure_count": state.failure_count,
+        "locked_by": state.locked_by,
+        "complete_by": state.complete_by.isoformat(),
+        "last_error": state.last_error,
+        "cause": state.cause,
+        "reply_to": state.reply_to,
+        "note": state.note,
+        "created_at": state.created_at.isoformat(),
+        "updated_at": state.updated_at.isoformat(),
+        "order": json.loads(document),
+        "steps": steps_of(state, lines),
+    }

@@ -7,6 +7,7 @@ Every process it starts is stopped by :meth:`LocalStack.stop`, also after Ctrl-C
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import signal
@@ -25,7 +26,7 @@ from devtools.paths import ROOT
 from tools.servicebus_emulator import QueueSettings
 
 STACK_MARK = "LOCAL_STACK_ID"
-_READY = re.compile(r"funchost ready: functions=(\d+) errors=(\d+)")
+_READY = re.compile(r"funchost ready: functions=(\d+) errors=(\d+)(?:.*? http=(http://\S+))?")
 
 
 class StackError(RuntimeError):
@@ -66,12 +67,18 @@ class LocalStack:
     #: Fixed ports for people who connect from elsewhere (``make run``); 0 = free ports.
     servicebus_port: int = 0
     remote_port: int = 0
+    #: The first host's HTTP port (the status API, api/): ``make run`` takes 7071, as
+    #: Core Tools does; 0 = a free port. Further hosts take free ports.
+    http_port: int = 0
     storage_ports: dict[str, int] | None = None
     #: Remote services served elsewhere: remote name -> base URL (the fake one serves the rest).
     remote_urls: dict[str, str] = field(default_factory=dict)
     #: Queues for clients beside the app's (a submitter's ReplyTo queue, e.g. ``my-status``).
     client_queues: tuple[str, ...] = ()
     log_dir: Path = ROOT / "demo-output" / "logs"
+    #: Each host writes its spans and metric points as JSON lines beside its log
+    #: (``spans-host-N.jsonl``, ``metrics-host-N.jsonl``; docs/observability.md).
+    telemetry: bool = True
 
     def __post_init__(self) -> None:
         self.azurite = None
@@ -80,6 +87,11 @@ class LocalStack:
         self.remote = None
         self.hosts: list[subprocess.Popen] = []
         self.host_logs: list[Path] = []
+        #: Each host's HTTP base URL (``http://127.0.0.1:PORT``), in start order.
+        self.http_urls: list[str] = []
+        #: The hosts' telemetry files (when ``telemetry``): spans, and metric points.
+        self.spans_files: list[Path] = []
+        self.metrics_files: list[Path] = []
 
     # -- starting -----------------------------------------------------------------------
 
@@ -159,6 +171,8 @@ class LocalStack:
             names.SERVICEBUS_CONNECTION: self.servicebus_connection_string,
             **{names.remote_url_setting(remote): self.remote_url(remote) for remote in remotes()},
             names.WORKER_THREADS_SETTING: str(names.WORKER_THREADS),
+            # The status API without auth: the hosts listen on loopback only (core/access.py).
+            names.API_AUTH_SETTING: "none",
             **self.settings,
         }
 
@@ -167,11 +181,12 @@ class LocalStack:
         for _ in range(count):
             index = len(self.hosts) + 1
             path = self.log_dir / f"host-{index}.log"
-            env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+            env = {**os.environ, **self.env, **self._telemetry_files(index), "PYTHONUNBUFFERED": "1"}
             env.pop("WEBSITE_INSTANCE_ID", None)
             with open(path, "wb") as log:
+                port = self.http_port if index == 1 else 0
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "tools.funchost", "--app-dir", str(ROOT)],
+                    [sys.executable, "-m", "tools.funchost", "--app-dir", str(ROOT), "--port", str(port)],
                     cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     start_new_session=True,
                 )
@@ -185,10 +200,31 @@ class LocalStack:
                 if match:
                     if int(match[2]):
                         raise StackError(f"a host has functions in error; see {path}")
+                    if match[3]:
+                        self.http_urls.append(match[3])
                     break
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise StackError(f"a host did not start; see {path}")
                 time.sleep(0.1)
+
+    @property
+    def api_url(self) -> str:
+        """The status API's base URL on the first host, e.g. ``http://127.0.0.1:7071/api``."""
+        return f"{self.http_urls[0]}/api" if self.http_urls else ""
+
+    def _telemetry_files(self, index: int) -> dict[str, str]:
+        """One spans file and one metrics file per host process, started empty (as its log is)."""
+        if not self.telemetry:
+            return {}
+        spans, points = self.log_dir / f"spans-host-{index}.jsonl", self.log_dir / f"metrics-host-{index}.jsonl"
+        for path in (spans, points):
+            path.unlink(missing_ok=True)
+        self.spans_files.append(spans)
+        self.metrics_files.append(points)
+        # The operator page reads every host's spans for an order's timeline (api/ops.py).
+        every_host = str(Path(glob.escape(str(self.log_dir))) / "spans-host-*.jsonl")
+        return {names.SPANS_FILE_SETTING: str(spans), names.METRICS_FILE_SETTING: str(points),
+                names.TRACE_SPANS_FILES_SETTING: every_host}
 
     # -- stopping -----------------------------------------------------------------------
 

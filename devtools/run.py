@@ -1,8 +1,9 @@
 """``make run``: the local stack in the foreground, with no generated load.
 
-Prints the connection strings, so you can send orders from another shell
+Prints the connection strings and the status API's URL (``http://127.0.0.1:7071/api``,
+loopback only, no auth), so you can send orders from another shell
 (``python -m ordersctl send-order ...``) or from any Service Bus client, and watch
-them with ``ordersctl status`` / ``list`` / ``alerts``. Ctrl-C stops everything.
+them with ``ordersctl status`` / ``list`` / ``alerts`` or the API. Ctrl-C stops everything.
 """
 
 from __future__ import annotations
@@ -50,8 +51,12 @@ def main(
     hosts: Annotated[int, typer.Option(min=1, max=4, help="Local Functions host processes.")] = 1,
     servicebus_port: Annotated[int, typer.Option(help="Service Bus emulator port.")] = 5672,
     remote_port: Annotated[int, typer.Option(help="Fake remote service port.")] = 7081,
+    api_port: Annotated[
+        int, typer.Option(help="The status API's port on 127.0.0.1 (the first host's; 0 = a free port).")
+    ] = 7071,
     standard_storage_ports: Annotated[bool, typer.Option(help="Azurite on 10000-10002 (UseDevelopmentStorage=true).")] = True,
     settings_out: Annotated[Path, typer.Option(help="Where to write a settings file for ordersctl.")] = ROOT / "demo-output" / "run.settings.json",
+    log_dir: Annotated[Path, typer.Option(help="Where the processes' logs go.")] = ROOT / "demo-output" / "logs",
 ) -> None:
     """Run the whole system locally in the foreground (Ctrl-C stops it)."""
     remote_urls = _pairs(remote, "NAME=URL, e.g. payments=http://127.0.0.1:9000/payments")
@@ -61,10 +66,12 @@ def main(
     stack = LocalStack(
         servicebus_port=servicebus_port,
         remote_port=remote_port,
+        http_port=api_port,
         storage_ports={"Blob": 10000, "Queue": 10001, "Table": 10002} if standard_storage_ports else None,
         settings={"SUPERVISOR_SCHEDULE": "*/5 * * * * *", **_pairs(setting, "NAME=VALUE, e.g. MAX_FAILURES=5")},
         remote_urls=remote_urls,
         client_queues=tuple(queue or ("my-status",)),
+        log_dir=log_dir,
     )
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
@@ -75,14 +82,21 @@ def main(
         # soft_wrap: a connection string stays on one line, whole, for copy and paste.
         console.print(f"  Service Bus : {stack.servicebus_connection_string}", soft_wrap=True)
         console.print(f"  Storage     : {stack.azurite.connection_string}", soft_wrap=True)
+        console.print(f"  Status API  : {stack.api_url}/orders/{{id}}, {stack.api_url}/orders?state=Error "
+                      "(loopback only, no auth)", soft_wrap=True)
+        console.print(f"  Operator page: {stack.api_url}/ops (orders per state, Error and Compensated orders, "
+                      "resubmit, one order's timeline)", soft_wrap=True)
         console.print(f"  Client queues: {', '.join(stack.client_queues)} (for --reply-to)", soft_wrap=True)
         for name in remotes():
             console.print(f"  Remote      : {name:<10} {stack.remote_url(name)}", soft_wrap=True)
         console.print(f"  Host logs   : {', '.join(str(p) for p in stack.host_logs)}")
+        console.print(f"  Spans       : {', '.join(str(p) for p in stack.spans_files)} (JSON lines, one trace per order)")
+        console.print(f"  Metrics     : {', '.join(str(p) for p in stack.metrics_files)}")
         console.print(f"\nSend an order from another shell:\n  .venv/bin/python -m ordersctl --help\n"
                       f"  .venv/bin/python -m ordersctl send-order --settings {settings_out} "
                       f"--order-id o-1 --customer c-1 --item sku-1:2:12.50\n"
-                      f"  .venv/bin/python -m ordersctl status o-1 --settings {settings_out}\n")
+                      f"  .venv/bin/python -m ordersctl status o-1 --settings {settings_out}\n"
+                      f"  curl {stack.api_url}/orders/o-1\n")
         console.print("Ctrl-C stops everything.")
         try:
             stopping.wait()

@@ -79,6 +79,9 @@ param supervisorSchedule string = '*/15 * * * * *'
 @minValue(1)
 param workerThreads int = 16
 
+@description('OTEL_TRACES_SAMPLER_ARG: the share of orders whose trace is kept in Application Insights, 0 to 1 (1: every order). Decided once per trace, from its id, so an order is kept whole or not at all; metrics are never sampled.')
+param traceSampleRatio string = '1.0'
+
 // Flex Consumption scale settings.
 @minValue(40)
 @maxValue(1000)
@@ -94,6 +97,10 @@ param instanceMemoryMB int = 2048
 
 @description('Grant the app identity Azure Service Bus Data Owner so the platform can read queue lengths to scale the Service Bus triggers (reading runtime properties needs the Manage claim). Set false to keep the app at Data Sender + Data Receiver only.')
 param serviceBusScaleMonitoring bool = true
+
+// The status API (api/): who may call it.
+@description('Application (client) id of the status API\'s Microsoft Entra ID app registration, with the app roles Orders.Read and Orders.Operate (docs/deploy.md creates it). Set: App Service Authentication admits only tokens for it, and the API checks the caller\'s role (API_AUTH=easyauth). Empty: no authentication is configured and the API refuses every call (API_AUTH=disabled).')
+param apiClientId string = ''
 
 // --- Resources -------------------------------------------------------------------------
 
@@ -125,6 +132,8 @@ module resources 'resources.bicep' = {
     maximumInstanceCount: maximumInstanceCount
     instanceMemoryMB: instanceMemoryMB
     serviceBusScaleMonitoring: serviceBusScaleMonitoring
+    apiClientId: apiClientId
+    traceSampleRatio: traceSampleRatio
   }
 }
 

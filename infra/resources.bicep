@@ -12,7 +12,9 @@
 //   │                                   service, agent-responses, alerts)
 //   ├─ Log Analytics + Application Insights (Entra ID ingestion only)
 //   ├─ Flex Consumption plan + function app (Linux, Python 3.11)
-//   └─ action group (email) + metric alerts (dead letters, operator alerts)
+//   ├─ action group (email) + metric alerts (dead letters, operator alerts)
+//   │  + log search alerts on the app's metrics (deadline-miss rate, compensation rate)
+//   └─ a workbook of the orders over time (states, deadline misses, compensations per step)
 //
 // Queue, table and app-setting names below are the ones in core/names.py; tests/infra
 // checks that the two agree, and that every binding in function_app.py is provisioned.
@@ -78,6 +80,9 @@ param workerThreads int = 16
 @description('SUPERVISOR_SCHEDULE: NCRONTAB with seconds (six fields) for the supervisor\'s timer.')
 param supervisorSchedule string = '*/15 * * * * *'
 
+@description('OTEL_TRACES_SAMPLER_ARG: the share of orders whose trace is kept in Application Insights, 0 to 1 (1: every order). Decided once per trace, from its id, so an order is kept whole or not at all; metrics are never sampled.')
+param traceSampleRatio string = '1.0'
+
 // Flex Consumption scale settings.
 @minValue(40)
 @maxValue(1000)
@@ -93,6 +98,10 @@ param instanceMemoryMB int = 2048
 
 @description('Grant the app identity Azure Service Bus Data Owner so the platform can read queue lengths to scale the Service Bus triggers (reading runtime properties needs the Manage claim). Set false to keep the app at Data Sender + Data Receiver only.')
 param serviceBusScaleMonitoring bool = true
+
+// The status API (api/): who may call it.
+@description('Application (client) id of the status API\'s Microsoft Entra ID app registration, with the app roles Orders.Read and Orders.Operate (docs/deploy.md creates it). Set: App Service Authentication admits only tokens for it, and the API checks the caller\'s role (API_AUTH=easyauth). Empty: no authentication is configured and the API refuses every call (API_AUTH=disabled).')
+param apiClientId string = ''
 
 // --- Names ---------------------------------------------------------------------------------
 
@@ -342,7 +351,26 @@ module functionApp 'app/function-app.bicep' = {
       // a remote service. host.json's per-trigger limits (16 Service Bus calls, 16 + 8
       // queue messages) bound the work on top; the local host honours the same setting.
       PYTHON_THREADPOOL_THREAD_COUNT: string(workerThreads)
+      // Who may call the status API (core/access.py): the caller's app role from App
+      // Service Authentication (app/api-auth.bicep), or, without an app registration,
+      // nobody: the app never trusts a principal header that Easy Auth did not set.
+      API_AUTH: empty(apiClientId) ? 'disabled' : 'easyauth'
+      // Traces and metrics go to Application Insights (adapters/telemetry.py, with the
+      // APPLICATIONINSIGHTS_* settings of app/function-app.bicep); which traces are kept:
+      // Application Insights' sampler, deciding from the trace id, so every hop of an
+      // order decides alike.
+      OTEL_TRACES_SAMPLER: 'microsoft.fixed_percentage'
+      OTEL_TRACES_SAMPLER_ARG: traceSampleRatio
     }, requestsQueueSettings, remoteUrlSettings)
+  }
+}
+
+// App Service Authentication in front of the status API, when its app registration is given.
+module apiAuth 'app/api-auth.bicep' = if (!empty(apiClientId)) {
+  name: 'apiAuth'
+  params: {
+    functionAppName: functionApp.outputs.name
+    apiClientId: apiClientId
   }
 }
 
@@ -353,6 +381,18 @@ module alerts 'app/alerts.bicep' = {
     alertEmail: alertEmail
     serviceBusNamespaceName: serviceBus.outputs.name
     alertsQueueName: alertsQueueName
+    applicationInsightsName: monitoring.outputs.applicationInsightsName
+    location: location
+    tags: tags
+  }
+}
+
+// The orders over time, from the app's metrics: a workbook on the component.
+module workbook 'app/workbook.bicep' = {
+  name: 'workbook'
+  params: {
+    applicationInsightsName: monitoring.outputs.applicationInsightsName
+    location: location
     tags: tags
   }
 }

@@ -19,8 +19,7 @@ from rich.table import Table
 from adapters.settings import Settings
 from core import names
 from core.models import Alert, OrderRequest, ProcessState, explain, utcnow
-from core.progress import progress
-from core.workflow import UnknownWorkflow, workflow
+from core.progress import status_document
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help=__doc__.split("\n")[0])
 out = Console()
@@ -175,34 +174,11 @@ def status(
         record = ctx.services.store.read(order_id)
     except OrderNotFound as error:
         raise fail(str(error)) from error
-    state, order = record.state, json.loads(record.document)
-    try:
-        steps = [line.model_dump(mode="json") for line in progress(state, workflow(state.workflow, state.workflow_version), record.lines)]
-    except UnknownWorkflow as error:
-        steps = [{"error": str(error)}]
+    document = status_document(record.state, record.document, record.lines)
     if as_json:
-        document = {
-            "order_id": state.order_id,
-            "state": state.process_state.value,
-            "workflow": state.workflow,
-            "workflow_version": state.workflow_version,
-            "step": state.step,
-            "kind": state.kind.value,
-            "attempt": state.attempt,
-            "failure_count": state.failure_count,
-            "locked_by": state.locked_by,
-            "complete_by": state.complete_by.isoformat(),
-            "last_error": state.last_error,
-            "cause": state.cause,
-            "reply_to": state.reply_to,
-            "note": state.note,
-            "created_at": state.created_at.isoformat(),
-            "updated_at": state.updated_at.isoformat(),
-            "order": order,
-            "steps": steps,
-        }
         print(json.dumps(document, indent=2))
         return
+    state, order, steps = record.state, document["order"], document["steps"]
     table = Table(show_header=False, box=None)
     rows = [
         ("order", state.order_id),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import azure.functions as func
 
+from adapters import telemetry
 from adapters.wiring import Services, parse_or_drop, services
 from core import names
 from core.models import AgentResponse, Nudge, utcnow
@@ -30,27 +31,34 @@ def scheduler(s: Services) -> dispatch.Scheduler:
 
 
 @bp.function_name("submit_order")
+# data_type binary: the function gets the body's bytes as sent, and the host merges none of
+# a JSON body's top-level fields into the message's properties (a body's "ReplyTo" would
+# otherwise become the message's ReplyTo; tools/funchost/README.md has the sources).
 @bp.service_bus_queue_trigger(
-    arg_name="msg", queue_name=f"%{names.ORDERS_QUEUE_SETTING}%", connection=names.SERVICEBUS_CONNECTION
+    arg_name="msg", queue_name=f"%{names.ORDERS_QUEUE_SETTING}%", connection=names.SERVICEBUS_CONNECTION,
+    data_type=func.DataType.BINARY,
 )
 @bp.queue_output(arg_name="nudge", queue_name=f"%{names.SCHEDULER_QUEUE_SETTING}%", connection=names.STORAGE_CONNECTION)
 def submit_order(msg: func.ServiceBusMessage, nudge: func.Out[str]) -> None:
     s = services()
-    result = submission.submit(
-        msg.get_body(),
-        message_id=msg.message_id,
-        reply_to=msg.reply_to,
-        content_type=msg.content_type,
-        own_queues=s.settings.own_queues(),
-        store=s.store,
-        rejections=s.rejections,
-        publisher=s.publisher,
-        workflow=CURRENT,
-        now=utcnow(),
-        pending_timeout=s.settings.pending_timeout,
-    )
-    if result.nudge is not None:
-        nudge.set(result.nudge.model_dump_json(exclude_none=True))
+    # The client's trace context (traceparent, or Diagnostic-Id) is the order trace's parent.
+    with telemetry.entry(names.SPAN_SUBMIT, telemetry.parent_from_properties(msg.application_properties)):
+        result = submission.submit(
+            msg.get_body(),
+            message_id=msg.message_id,
+            reply_to=msg.reply_to,
+            content_type=msg.content_type,
+            own_queues=s.settings.own_queues(),
+            store=s.store,
+            rejections=s.rejections,
+            publisher=s.publisher,
+            workflow=CURRENT,
+            now=utcnow(),
+            pending_timeout=s.settings.pending_timeout,
+            trace_parent=telemetry.traceparent(),
+        )
+        if result.nudge is not None:
+            nudge.set(telemetry.stamp(result.nudge).model_dump_json(exclude_none=True))
 
 
 @bp.function_name("schedule_order")
@@ -59,14 +67,23 @@ def schedule_order(msg: func.QueueMessage) -> None:
     # A malformed nudge is not one of ours: dropping it loses no order (the supervisor
     # re-nudges every Pending row whose deadline passes).
     if (nudge := parse_or_drop(Nudge, msg.get_body(), what="nudge", message_id=msg.id)) is not None:
-        dispatch.schedule(nudge, scheduler=scheduler(services()), now=utcnow())
+        s = services()
+        with telemetry.entry(names.SPAN_SCHEDULE, dispatch.trace_parent_of(nudge), order_id=nudge.order_id):
+            dispatch.schedule(nudge, scheduler=scheduler(s), now=utcnow())
 
 
 @bp.function_name("complete_step")
 @bp.service_bus_queue_trigger(
-    arg_name="msg", queue_name=f"%{names.AGENT_RESPONSES_QUEUE_SETTING}%", connection=names.SERVICEBUS_CONNECTION
+    arg_name="msg", queue_name=f"%{names.AGENT_RESPONSES_QUEUE_SETTING}%", connection=names.SERVICEBUS_CONNECTION,
+    data_type=func.DataType.BINARY,
 )
 def complete_step(msg: func.ServiceBusMessage) -> None:
     response = parse_or_drop(AgentResponse, msg.get_body(), what="agent response", message_id=msg.message_id)
     if response is not None:
-        dispatch.record(response, scheduler=scheduler(services()), now=utcnow())
+        s = services()
+        parent = telemetry.parent_from_properties(msg.application_properties) or dispatch.trace_parent_of(response)
+        with telemetry.entry(
+            names.SPAN_RECORD, parent, order_id=response.order_id, step=response.step, kind=response.kind,
+            attempt=response.attempt, outcome=response.outcome,
+        ):
+            dispatch.record(response, scheduler=scheduler(s), now=utcnow())

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from adapters import telemetry
 from adapters.closing import close_order
 from adapters.messaging import Nudger, Publisher
 from adapters.store import ConcurrencyConflict, OrderNotFound, StateStore
-from core import lifecycle
+from core import lifecycle, names
 from core.lifecycle import Transition
 from core.models import (
     AgentPolicy,
@@ -70,6 +71,7 @@ def schedule(nudge: Nudge, *, scheduler: Scheduler, now: datetime) -> AgentReque
     )
     if written is None:
         log.info("order %s not claimed by %s: unknown, not Pending or claimed elsewhere", nudge.order_id, scheduler.instance)
+        telemetry.annotate(outcome="not_claimed")
         return None
     state, transition = written
     order: dict[str, Any] = {}
@@ -98,8 +100,13 @@ def record(response: AgentResponse, *, scheduler: Scheduler, now: datetime) -> O
     written = _apply(scheduler.store, response.order_id, snapshot, now, decide)
     if written is None:
         log.info("response for order %s attempt %s ignored: unknown order, or stale", response.order_id, response.attempt)
+        telemetry.annotate(outcome="stale")
         return None
     state, transition = written
+    if response.outcome is not Outcome.POSTPONED:
+        # The line ran from its claim (the fence's UpdatedAt) to this response.
+        seconds = (now - fence.updated_at).total_seconds()
+        telemetry.line_answered(response.step, response.kind, response.outcome, seconds)
     if transition.nudge_delay is not None:
         log.info("order %s: %s %s postponed for %.0f s: %s", state.order_id, state.kind.value, state.step,
                  transition.nudge_delay.total_seconds(), state.last_error)
@@ -110,6 +117,15 @@ def record(response: AgentResponse, *, scheduler: Scheduler, now: datetime) -> O
         results[response.step] = response.result or {}
     _carry_out(scheduler, state, transition, response.context.order, results, now)
     return state
+
+
+def trace_parent_of(message: Nudge | AgentResponse) -> telemetry.TraceContext | None:
+    """The trace context a nudge or a response carries, else the order's own (from the
+    state row it carries): the claim it leads to joins the order's trace."""
+    if isinstance(message, Nudge):
+        carried = telemetry.parent_from_traceparent(message.traceparent, message.tracestate)
+        return carried or telemetry.parent_from_traceparent(message.state.trace_parent if message.state else None)
+    return telemetry.parent_from_traceparent(message.context.fence.trace_parent)
 
 
 def _apply(
@@ -157,6 +173,9 @@ def _carry_out(
     A crash between the write and the send leaves a Processing row whose deadline
     passes: the supervisor resets it and the line runs again.
     """
+    for line in transition.lines:
+        if line.kind is Kind.COMPENSATION:
+            telemetry.compensation_ended(line.step, line.state)
     if state.process_state.terminal:
         close_order(
             state, store=scheduler.store, publisher=scheduler.publisher, alerts_queue=scheduler.alerts_queue, now=now
@@ -164,6 +183,16 @@ def _carry_out(
         return None
     if not transition.dispatch:
         return None
+    claim = names.SPAN_COMPENSATE if state.kind is Kind.COMPENSATION else names.SPAN_CLAIM
+    with telemetry.span(claim, order_id=state.order_id, step=state.step, kind=state.kind, attempt=state.attempt):
+        telemetry.line_claimed(state.step, state.kind, retry=state.failure_count > 0)
+        return _send(scheduler, state, order, results, now)
+
+
+def _send(
+    scheduler: Scheduler, state: OrderState, order: dict[str, Any], results: dict[str, dict[str, Any]], now: datetime
+) -> AgentRequest:
+    """The claimed line's agent request, and the submitter's status event."""
     step = lifecycle.step_of(state, workflow(state.workflow, state.workflow_version))
     policy = step.policy.over(scheduler.defaults)
     action = step.action_of(state.kind)
@@ -183,8 +212,9 @@ def _carry_out(
         ),
         result=results.get(step.name) if state.kind is Kind.COMPENSATION else None,
         lookup=step.lookup,
-        # An earlier attempt of this line timed out: its outcome is unknown.
-        settle_first=step.lookup and state.failure_count > 0,
+        # An earlier attempt of this line timed out, or was postponed (perhaps after a
+        # call that timed out): its outcome may be unknown. Asking costs a GET, not a POST.
+        settle_first=step.lookup and (state.failure_count > 0 or state.postponements > 0),
         context=Context(fence=state, order=order, results=results),
     )
     log.info(

@@ -16,6 +16,7 @@ from enum import Enum
 
 from pydantic import ValidationError
 
+from adapters import telemetry
 from adapters.messaging import Publisher
 from core.models import Nudge, OrderRequest, ProcessState, Status, StatusEvent, explain
 from core.workflow import Workflow
@@ -62,6 +63,13 @@ def _text(value: object) -> str | None:
     return str(value)
 
 
+def _shown(text: str | None, limit: int = 100) -> str | None:
+    """A client's text as logs and reasons show it: clipped, with its length."""
+    if text is None or len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"
+
+
 def _claimed_order_id(body: bytes) -> str | None:
     """The order id an invalid order claims, if it has one (to correlate the rejection)."""
     try:
@@ -85,16 +93,43 @@ def submit(
     workflow: Workflow,
     now: datetime,
     pending_timeout: timedelta,
+    trace_parent: str | None = None,
 ) -> Submission:
     """``own_queues``: the app's own queues, which a ReplyTo may not name (status events
-    would land among alerts, orders or agent requests)."""
+    would land among alerts, orders or agent requests). ``trace_parent``: the submission's
+    trace context, kept on a new order's state row (its resets and resubmits continue it)."""
+    result = _submit(
+        body, message_id=message_id, reply_to=reply_to, content_type=content_type, own_queues=own_queues, store=store,
+        rejections=rejections, publisher=publisher, workflow=workflow, now=now, pending_timeout=pending_timeout,
+        trace_parent=trace_parent,
+    )
+    telemetry.order_submitted(result.result.value)
+    telemetry.annotate(order_id=result.order_id, outcome=result.result)
+    return result
+
+
+def _submit(
+    body: bytes,
+    *,
+    message_id: object,
+    reply_to: object,
+    content_type: object,
+    own_queues: frozenset[str],
+    store: StateStore,
+    rejections: RejectionStore,
+    publisher: Publisher,
+    workflow: Workflow,
+    now: datetime,
+    pending_timeout: timedelta,
+    trace_parent: str | None,
+) -> Submission:
     message_id, reply_to, content_type = _text(message_id), _text(reply_to), _text(content_type)
 
     def reject(reason: str, order_id: str | None = None) -> Submission:
         rejections.add(
             body=body, reason=reason, now=now, message_id=message_id, content_type=content_type, order_id=order_id
         )
-        log.warning("order message %s rejected: %s", message_id, reason)
+        log.warning("order message %s rejected: %s", _shown(message_id), reason)
         # Tell the submitter, if it named a queue we may write to (best effort).
         queue = reply_to if reply_to and _QUEUE_NAME.match(reply_to) and not _own(reply_to) else None
         publisher.send_status(
@@ -110,8 +145,7 @@ def submit(
         return queue.lower() in {own.lower() for own in own_queues}
 
     if not _content_type_ok(content_type):
-        shown = content_type if len(content_type) <= 100 else f"{content_type[:100]}… ({len(content_type)} characters)"
-        return reject(f"unsupported content type {shown!r}: send the order as {JSON_CONTENT_TYPE}")
+        return reject(f"unsupported content type {_shown(content_type)!r}: send the order as {JSON_CONTENT_TYPE}")
     try:
         order = OrderRequest.model_validate_json(body)
     except ValidationError as error:
@@ -121,8 +155,7 @@ def submit(
 
     note = None
     if reply_to and not _QUEUE_NAME.match(reply_to):
-        shown = reply_to if len(reply_to) <= 100 else f"{reply_to[:100]}… ({len(reply_to)} characters)"
-        note = f"ReplyTo {shown!r} ignored: not a valid queue name; no status events are sent"
+        note = f"ReplyTo {_shown(reply_to)!r} ignored: not a valid queue name; no status events are sent"
     elif reply_to and _own(reply_to):
         note = f"ReplyTo {reply_to!r} ignored: it names one of the app's own queues; no status events are sent"
     if note:
@@ -131,7 +164,8 @@ def submit(
 
     try:
         created = store.create_order(
-            order, workflow=workflow, reply_to=reply_to, now=now, pending_timeout=pending_timeout, note=note
+            order, workflow=workflow, reply_to=reply_to, now=now, pending_timeout=pending_timeout, note=note,
+            trace_parent=trace_parent,
         )
     except OrderConflict:
         return reject(

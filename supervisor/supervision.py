@@ -6,7 +6,8 @@ import logging
 from collections import Counter
 from datetime import datetime, timedelta
 
-from core import lifecycle
+from adapters import telemetry
+from core import lifecycle, names
 from adapters.closing import close_order
 from core.lifecycle import SupervisorPolicy, Verdict
 from adapters.messaging import Nudger, Publisher
@@ -42,41 +43,64 @@ def sweep(
     youngest = min(policy.step_timeout, policy.pending_timeout)
     for state in store.sweep(now, younger_than_cannot_expire=youngest):
         decision = lifecycle.supervise(state, now, policy)
+        if decision.verdict is Verdict.NONE:
+            continue
         if decision.verdict is Verdict.DROP_INDEX:
             # Terminal but still indexed: the finishing step died half-way. Give the
             # scheduler time to finish it itself before repeating its notifications.
             if now - state.updated_at > policy.step_timeout:
-                close_order(state, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now)
+                heal = f"{names.SPAN_SUPERVISOR_PREFIX}heal"
+                with telemetry.continue_order(heal, state.trace_parent, **_where(state)):
+                    close_order(state, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now)
                 done["healed"] += 1
             continue
-        if decision.verdict is Verdict.NONE:
-            continue
-        written = store.transition(state, decision.next_state)
-        if written is None:
-            done["lost_race"] += 1  # another supervisor (or the scheduler) moved it first
-            continue
-        done[decision.verdict.value] += 1
-        # Every verdict hands the row back to the scheduler; what giving up means for
-        # the order (undo it, or go on undoing) is the scheduler's to decide.
-        nudger.nudge(Nudge(order_id=written.order_id, state=written), delay=decision.nudge_delay)
-        if decision.verdict is Verdict.GIVE_UP:
-            log.warning("order %s: gave up on %s %s: %s", written.order_id, written.kind.value, written.step, written.last_error)
-        elif decision.verdict is Verdict.RETRY:
-            log.warning(
-                "order %s reset for retry %s/%s of %s %s in %.0f s: %s",
-                written.order_id, written.failure_count, written.max_failures or policy.max_failures,
-                written.kind.value, written.step, decision.nudge_delay.total_seconds(), written.last_error,
-            )
-            publisher.send_status(
-                StatusEvent(
-                    order_id=written.order_id, status=Status.RETRYING, time=now, step=written.step,
-                    detail=written.last_error, attempt=written.attempt,
-                ),
-                queue=written.reply_to,
-            )
+        # Each action joins the order's own trace (its TraceParent), so the retry it leads to does too.
+        with telemetry.continue_order(
+            f"{names.SPAN_SUPERVISOR_PREFIX}{decision.verdict.value}", state.trace_parent, **_where(state)
+        ):
+            done[_act(state, decision, store=store, publisher=publisher, nudger=nudger, policy=policy, now=now)] += 1
     if done:
         log.info("supervisor sweep: %s", dict(done))
     return done
+
+
+def _where(state: OrderState) -> dict:
+    return {"order_id": state.order_id, "step": state.step, "kind": state.kind, "attempt": state.attempt}
+
+
+def _act(
+    state: OrderState, decision: lifecycle.Decision, *, store: StateStore, publisher: Publisher, nudger: Nudger,
+    policy: SupervisorPolicy, now: datetime,
+) -> str:
+    """Write the supervisor's verdict on one expired order and hand it back to the
+    scheduler; what was done ("lost_race" when someone moved the row first)."""
+    written = store.transition(state, decision.next_state)
+    if written is None:
+        telemetry.annotate(outcome="lost_race")
+        return "lost_race"  # another supervisor (or the scheduler) moved it first
+    telemetry.annotate(outcome=decision.verdict)
+    if decision.verdict in (Verdict.RETRY, Verdict.GIVE_UP):
+        # A Processing line whose complete-by passed: a missed deadline.
+        telemetry.deadline_missed(state.step, state.kind, decision.verdict)
+    # Every verdict hands the row back to the scheduler; what giving up means for
+    # the order (undo it, or go on undoing) is the scheduler's to decide.
+    nudger.nudge(Nudge(order_id=written.order_id, state=written), delay=decision.nudge_delay)
+    if decision.verdict is Verdict.GIVE_UP:
+        log.warning("order %s: gave up on %s %s: %s", written.order_id, written.kind.value, written.step, written.last_error)
+    elif decision.verdict is Verdict.RETRY:
+        log.warning(
+            "order %s reset for retry %s/%s of %s %s in %.0f s: %s",
+            written.order_id, written.failure_count, written.max_failures or policy.max_failures,
+            written.kind.value, written.step, decision.nudge_delay.total_seconds(), written.last_error,
+        )
+        publisher.send_status(
+            StatusEvent(
+                order_id=written.order_id, status=Status.RETRYING, time=now, step=written.step,
+                detail=written.last_error, attempt=written.attempt,
+            ),
+            queue=written.reply_to,
+        )
+    return decision.verdict.value
 
 
 class NotResubmittable(Exception):
@@ -91,12 +115,13 @@ def resubmit(
     number (fencing out any late response of the failed attempts), and the remote
     service sees the same idempotency keys, so work it already did is not redone."""
     state = store.get(order_id)
-    new = lifecycle.resubmit(state, now, pending_timeout)
-    if new is None:
-        raise NotResubmittable(f"order {order_id} is {state.process_state.value}, not Error: nothing to resubmit")
-    store.reindex(order_id, now)  # back in the supervisor's view before it leaves Error
-    written = store.transition(state, new)
-    if written is None:
-        raise NotResubmittable(f"order {order_id} changed while resubmitting; look again")
-    nudger.nudge(Nudge(order_id=order_id, state=written))
-    return written
+    with telemetry.continue_order(names.SPAN_RESUBMIT, state.trace_parent, **_where(state)):
+        new = lifecycle.resubmit(state, now, pending_timeout)
+        if new is None:
+            raise NotResubmittable(f"order {order_id} is {state.process_state.value}, not Error: nothing to resubmit")
+        store.reindex(order_id, now)  # back in the supervisor's view before it leaves Error
+        written = store.transition(state, new)
+        if written is None:
+            raise NotResubmittable(f"order {order_id} changed while resubmitting; look again")
+        nudger.nudge(Nudge(order_id=order_id, state=written))
+        return written

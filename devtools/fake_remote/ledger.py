@@ -129,6 +129,8 @@ class _ServiceState:
         self.undid: dict[str, list[str]] = {}  # order id -> the forward actions they undid
         self.live: dict[tuple[str, str], list[str]] = {}  # (order id, step) -> applied actions not undone
         self.done: Counter[tuple[str, str, str]] = Counter()  # (order id, step, action) -> applications
+        #: order id -> the W3C traceparent header of each call (action, header), in arrival order
+        self.traceparents: dict[str, list[dict[str, str | None]]] = {}
 
     def effects(self) -> dict[str, Any]:
         return {
@@ -144,6 +146,7 @@ class _ServiceState:
             "in_flight": self.in_flight,
             "faults": {kind: self.faults[kind] for kind in FAULT_KINDS},
             "by_key": dict(self.by_key),
+            "traceparents": {order: [dict(call) for call in calls] for order, calls in self.traceparents.items()},
         }
 
     def config(self) -> dict[str, Any]:
@@ -337,10 +340,13 @@ class Ledger:
         by_order: Counter[str] = Counter()
         by_key: Counter[str] = Counter()
         faults: Counter[str] = Counter()
-        for effects in services.values():
+        traceparents: dict[str, list[dict[str, str | None]]] = {}
+        for name, effects in services.items():
             by_order.update({order: len(actions) for order, actions in effects["applied"].items()})
             by_key.update(effects["by_key"])
             faults.update(effects["faults"])
+            for order, calls in effects["traceparents"].items():
+                traceparents.setdefault(order, []).extend({"service": name, **call} for call in calls)
 
         def total(field: str) -> int:
             return sum(effects[field] for effects in services.values())
@@ -361,6 +367,7 @@ class Ledger:
             "faults": {kind: faults[kind] for kind in FAULT_KINDS},
             "services": services,
             "net": net,
+            "traceparents": traceparents,
         }
 
     def net(self, order_id: str) -> dict[str, dict[str, int]]:
@@ -388,6 +395,12 @@ class Ledger:
     def note_late(self, service: str) -> None:
         with self._lock:
             self._states[service].late += 1
+
+    def note_traceparent(self, call: Call, traceparent: str | None) -> None:
+        """Keep the ``traceparent`` header a call arrived with (None: it had none)."""
+        with self._lock:
+            calls = self._states[call.service].traceparents.setdefault(call.order_id, [])
+            calls.append({"action": call.action, "key": call.key, "traceparent": traceparent})
 
     def note_not_found(self) -> None:
         with self._lock:

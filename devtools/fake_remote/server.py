@@ -334,6 +334,7 @@ class _Handler(BaseHTTPRequestHandler):
         kind = ledger.services[service].kind_of(action)
         order_id, step = _validate_request(document, kind, f"/{service}/{action}")
         call = Call(service=service, action=action, kind=kind, order_id=order_id, step=step, key=key)
+        ledger.note_traceparent(call, self.headers.get("traceparent"))
 
         settings = ledger.settings(service)
         fault = ledger.decide(call)
@@ -528,6 +529,11 @@ class FakeRemote:
     def net(self, order_id: str) -> dict[str, dict[str, int]]:
         """What stays applied for one order: ``{service: {action: applied - undone}}``."""
         return self._ledger.net(order_id)
+
+    def traceparents(self, order_id: str) -> list[dict[str, str | None]]:
+        """The ``traceparent`` header of every call for one order (``service``, ``action``,
+        ``key``, ``traceparent``; None when a call had none), per service in arrival order."""
+        return self._ledger.effects()["traceparents"].get(order_id, [])
 
     def reset(self) -> None:
         self._ledger.reset()

@@ -10,9 +10,21 @@
 //    cannot be undone, or an undo failed; docs/workflows.md).
 //
 // Both auto-resolve once the queue is drained (the operator CLI reads both).
+//
+// And two log search alerts on the app's own metrics in Application Insights
+// (customMetrics; names in core/names.py, explained in docs/observability.md):
+//
+//  * Deadline misses, per step: the share of a step's attempts whose complete-by
+//    passed (the supervisor reset the step or gave up on it) over 15 minutes. A remote
+//    service that answers too slowly, or a host that keeps dying, shows here first.
+//  * Compensations: the share of orders that ended Compensated (undone as a whole)
+//    over an hour. A remote service that refuses more than usual shows here.
+//
+// Both need some traffic first (minimumVolume), so one unlucky order alone does not page.
 
 param actionGroupName string
 param tags object = {}
+param location string = resourceGroup().location
 
 @description('Operator e-mail address.')
 param alertEmail string
@@ -20,8 +32,29 @@ param alertEmail string
 param serviceBusNamespaceName string
 param alertsQueueName string
 
+@description('Application Insights component the app sends its metrics to.')
+param applicationInsightsName string
+
+@minValue(1)
+@maxValue(100)
+@description('Alert when more than this percentage of a step\'s attempts missed their deadline within 15 minutes.')
+param deadlineMissPercent int = 5
+
+@minValue(1)
+@maxValue(100)
+@description('Alert when more than this percentage of the orders that ended within an hour ended Compensated.')
+param compensationPercent int = 10
+
+@minValue(1)
+@description('The rate alerts judge only this many attempts (deadline misses) or finished orders (compensations) or more.')
+param minimumVolume int = 20
+
 resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' existing = {
   name: serviceBusNamespaceName
+}
+
+resource applicationInsights 'Microsoft.Insights/components@2020-02-02' existing = {
+  name: applicationInsightsName
 }
 
 resource operators 'Microsoft.Insights/actionGroups@2022-04-01' = {
@@ -129,6 +162,114 @@ resource operatorAlerts 'Microsoft.Insights/metricAlerts@2018-03-01' = {
         actionGroupId: operators.id
       }
     ]
+  }
+}
+
+// Counters arrive as customMetrics rows, one per export interval, valueSum = the count
+// in that interval; attributes are customDimensions (order.step, order.state, ...).
+var deadlineMissQuery = format('''
+customMetrics
+| where name in ("steps.deadline_misses", "steps.claimed")
+| extend step = tostring(customDimensions["order.step"])
+| summarize misses = sumif(valueSum, name == "steps.deadline_misses"), attempts = sumif(valueSum, name == "steps.claimed") by step
+| where attempts >= {0}
+| extend missPercent = 100.0 * misses / attempts
+''', minimumVolume)
+
+var compensationQuery = format('''
+customMetrics
+| where name == "orders.closed"
+| extend state = tostring(customDimensions["order.state"])
+| summarize closed = sum(valueSum), compensated = sumif(valueSum, state == "Compensated")
+| where closed >= {0}
+| extend compensatedPercent = 100.0 * compensated / closed
+''', minimumVolume)
+
+resource deadlineMisses 'Microsoft.Insights/scheduledQueryRules@2021-08-01' = {
+  name: '${applicationInsightsName}-deadline-misses'
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  properties: {
+    displayName: 'Steps missing their deadline'
+    description: 'More than ${deadlineMissPercent}% of a step\'s attempts passed their complete-by within 15 minutes (the supervisor reset them or gave up). Look at the step\'s remote service (slow answers, outages) and at the hosts; the workbook shows misses per step.'
+    severity: 2
+    enabled: true
+    scopes: [
+      applicationInsights.id
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT15M'
+    autoMitigate: true
+    criteria: {
+      allOf: [
+        {
+          query: deadlineMissQuery
+          timeAggregation: 'Maximum'
+          metricMeasureColumn: 'missPercent'
+          // One alert per step.
+          dimensions: [
+            {
+              name: 'step'
+              operator: 'Include'
+              values: [
+                '*'
+              ]
+            }
+          ]
+          operator: 'GreaterThan'
+          threshold: deadlineMissPercent
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    actions: {
+      actionGroups: [
+        operators.id
+      ]
+    }
+  }
+}
+
+resource compensations 'Microsoft.Insights/scheduledQueryRules@2021-08-01' = {
+  name: '${applicationInsightsName}-compensations'
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  properties: {
+    displayName: 'Orders being undone'
+    description: 'More than ${compensationPercent}% of the orders that ended within an hour ended Compensated (a step was refused, or gave up, and the order was undone). The workbook shows compensations per step; ordersctl list --state Compensated shows the orders and why.'
+    severity: 3
+    enabled: true
+    scopes: [
+      applicationInsights.id
+    ]
+    evaluationFrequency: 'PT15M'
+    windowSize: 'PT1H'
+    autoMitigate: true
+    criteria: {
+      allOf: [
+        {
+          query: compensationQuery
+          timeAggregation: 'Maximum'
+          metricMeasureColumn: 'compensatedPercent'
+          operator: 'GreaterThan'
+          threshold: compensationPercent
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    actions: {
+      actionGroups: [
+        operators.id
+      ]
+    }
   }
 }
 

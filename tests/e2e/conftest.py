@@ -13,17 +13,21 @@ response with that context.
 
 from __future__ import annotations
 
+import glob
 import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
+from adapters import telemetry
 from adapters.messaging import agent_request_id
 from adapters.store import OrderNotFound, OrderRecord
 from adapters.wiring import services
+from core import names
 from core.models import AgentResponse, Context, LineRecord, OrderState, Outcome, ProcessState
 from core.workflow import Kind
 from tests.polling import wait_until
@@ -41,6 +45,8 @@ FAST = {
     "REMOTE_CALL_TIMEOUT_SECONDS": "1",
     # Should a run of transient faults open an agent's circuit breaker, its steps wait this long.
     "BREAKER_OPEN_SECONDS": "1",
+    # Metric points reach each host's metrics file every second (spans: within a second by default).
+    "OTEL_METRIC_EXPORT_INTERVAL": "1000",
 }
 
 #: The scheduler's log line for every claim of a line (scheduler/dispatch.py).
@@ -77,17 +83,36 @@ class Stack:
 
     def start_hosts(self, count: int = 1, *, app_dir=None, **overrides: str):
         """Host processes with the FAST timings (and ``overrides``), for the app or, with
-        ``app_dir``, another script root."""
+        ``app_dir``, another script root; each writes its spans and metric points to files
+        of its own (:meth:`spans`, :meth:`metric_points`), as the local stack's hosts do."""
         env = {**FAST, **overrides}
-        started = self.funchost.start(count=count, env=env, app_dir=app_dir)
+        started = []
+        for _ in range(count):
+            n = len(self.funchost.hosts) + 1
+            files = {
+                names.SPANS_FILE_SETTING: str(self.funchost.log_dir / f"spans-{n}.jsonl"),
+                names.METRICS_FILE_SETTING: str(self.funchost.log_dir / f"metrics-{n}.jsonl"),
+                # Every host's spans, for the operator page's timeline (api/ops.py).
+                names.TRACE_SPANS_FILES_SETTING: str(Path(glob.escape(str(self.funchost.log_dir))) / "spans-*.jsonl"),
+            }
+            started += self.funchost.start(count=1, env={**env, **files}, app_dir=app_dir, wait=False)
+        for host in started:
+            host.wait_ready()
         self.hosts += started
         return started
 
     # -- sending ----------------------------------------------------------------------
 
-    def send(self, orders: Iterable[tuple[str, bytes]], *, reply_to: str | None = None) -> None:
+    def send(
+        self, orders: Iterable[tuple[str, bytes]], *, reply_to: str | None = None, properties: dict | None = None
+    ) -> None:
+        """Order messages as a client sends them (``properties``: application properties,
+        e.g. the client's ``traceparent``)."""
         messages = [
-            ServiceBusMessage(body, message_id=order_id, content_type="application/json", reply_to=reply_to)
+            ServiceBusMessage(
+                body, message_id=order_id, content_type="application/json", reply_to=reply_to,
+                application_properties=properties,
+            )
             for order_id, body in orders
         ]
         with ServiceBusClient.from_connection_string(self.connection_string) as client:
@@ -199,6 +224,32 @@ class Stack:
     def ignored(self, order_id: str) -> int:
         """Responses for this order the scheduler logged as ignored (stale or duplicate)."""
         return sum(1 for host in self.hosts for m in _IGNORED.finditer(host.log_text()) if m[1] == order_id)
+
+    # -- what the hosts traced and measured --------------------------------------------------
+
+    def spans(self, order_id: str | None = None) -> list[dict]:
+        """Every span the hosts exported so far (of one order: those with its ``order.id``)."""
+        found = telemetry.read_json_lines(sorted(self.funchost.log_dir.glob("spans-*.jsonl")))
+        if order_id is None:
+            return found
+        return [span for span in found if span["attributes"].get(names.ATTR_ORDER_ID) == order_id]
+
+    def trace(self, trace_id: str) -> list[dict]:
+        """Every span of one trace, in the order they ended."""
+        return [span for span in self.spans() if span["trace_id"] == trace_id]
+
+    def metric_points(self) -> list[dict]:
+        """Every metric point the hosts wrote (cumulative; the last of a series is its total)."""
+        return telemetry.read_json_lines(sorted(self.funchost.log_dir.glob("metrics-*.jsonl")))
+
+    def metric(self, name: str, attributes: dict[str, str] | None = None) -> float:
+        """A counter's total over the hosts, for the series whose attributes include these."""
+        last: dict[tuple, float] = {}
+        for point in self.metric_points():
+            wanted = (attributes or {}).items()
+            if point["name"] == name and all(point["attributes"].get(k) == v for k, v in wanted):
+                last[(point["instance"], tuple(sorted(point["attributes"].items())))] = point["value"]
+        return sum(last.values())
 
     # -- what the app sent ----------------------------------------------------------------
 

@@ -38,13 +38,15 @@ def call(
     complete_by: datetime | str | None | Any = OMIT,
     session: requests.Session | None = None,
     timeout: float = 5.0,
+    headers: dict[str, str] | None = None,
 ) -> requests.Response:
     """``POST {url}/{service}/{action}`` with a well-formed body and headers.
 
     By default: a forward ``reserve`` at ``inventory``; ``step`` is the forward action
     (for a compensation, the action it undoes); ``kind`` follows from the action;
     ``Complete-By`` is a minute from now (``None``: no header; a string: sent as is);
-    a compensation carries ``result: null`` unless one is given.
+    a compensation carries ``result: null`` unless one is given; ``headers`` are added
+    (e.g. a ``traceparent``).
     """
     is_compensation = action in _UNDOES
     kind = kind or ("compensation" if is_compensation else "action")
@@ -59,7 +61,7 @@ def call(
         body["result"] = result
     elif kind == "compensation":
         body["result"] = None
-    headers = {} if key is None else {"Idempotency-Key": key}
+    headers = {**(headers or {}), **({} if key is None else {"Idempotency-Key": key})}
     if complete_by is OMIT:
         complete_by = datetime.now(UTC) + timedelta(seconds=60)
     if isinstance(complete_by, datetime):

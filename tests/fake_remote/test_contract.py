@@ -254,3 +254,24 @@ def test_a_lookup_by_idempotency_key_answers_the_first_result_or_404(fake_remote
     assert http.get(f"{fake_remote.url}/inventory/release/k-1", timeout=5).status_code == 404  # another action
     assert http.get(f"{fake_remote.url}/shipping/ship/k-1", timeout=5).status_code == 405  # shipping offers none
     assert fake_remote.effects()["services"]["inventory"]["lookups"] == 3
+
+
+def test_each_calls_traceparent_is_kept_per_order(fake_remote):
+    first, second = (f"00-{n * 32}-{n * 16}-01" for n in ("a", "b"))
+    reserve(fake_remote.url, "o-1", "key-1", headers={"traceparent": first})
+    call(fake_remote.url, "o-1", "key-2", service="payments", action="charge", headers={"traceparent": second})
+    reserve(fake_remote.url, "o-1", "key-1")  # a caller that sends none
+    fake_remote.set_faults(script={"o-2": ["permanent"]})
+    assert reserve(fake_remote.url, "o-2", "key-3", headers={"traceparent": second}).status_code == 422
+
+    # Every call that named its order, as it arrived: refused ones too.
+    assert fake_remote.traceparents("o-1") == [
+        {"service": "inventory", "action": "reserve", "key": "key-1", "traceparent": first},
+        {"service": "inventory", "action": "reserve", "key": "key-1", "traceparent": None},
+        {"service": "payments", "action": "charge", "key": "key-2", "traceparent": second},
+    ]
+    inventory = fake_remote.effects()["services"]["inventory"]["traceparents"]
+    assert inventory["o-2"] == [{"action": "reserve", "key": "key-3", "traceparent": second}]
+    assert fake_remote.traceparents("o-3") == []
+    fake_remote.reset()
+    assert fake_remote.effects()["traceparents"] == {}

@@ -13,6 +13,7 @@ reader does not understand also becomes :class:`Unknown`, never a guess.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from functools import cache
@@ -427,6 +428,12 @@ class _Scope:
             return "".join(str(a) for a in args)
         if unknown:
             return Unknown(text, name, tuple(args))
+        if name == "string" and isinstance(args[0], (dict, list)):
+            # Bicep writes an object or array as JSON; one with a deploy-time value inside
+            # stays Unknown, its evaluated argument kept (e.g. a workbook's items).
+            if not _known(args[0]):
+                return Unknown(text, name, tuple(args))
+            return json.dumps(args[0], separators=(",", ":"))
         simple = {
             "string": lambda v: str(v).lower() if isinstance(v, bool) else str(v),
             "int": int,
@@ -570,6 +577,15 @@ class _Scope:
             results.append(evaluate(path, params))
         self.module_results[symbol] = results
         return results
+
+
+def _known(value: Any) -> bool:
+    """No deploy-time value anywhere inside."""
+    if isinstance(value, dict):
+        return all(_known(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_known(v) for v in value)
+    return not isinstance(value, (Unknown, ResourceId, ResourceRef))
 
 
 class _ModuleRef:

@@ -47,6 +47,8 @@ DEPLOY_PARAMS = {
     "location": "swedencentral",
     **{url_parameter(r): remote_url(r) for r in remotes() if url_parameter(r) in _URL_PARAMETERS},
     "alertEmail": "operator@example.test",
+    # The status API's app registration (docs/deploy.md); a made-up client id.
+    "apiClientId": "11111111-2222-3333-4444-555555555555",
 }
 #: A deploying developer's object id, to check the roles principalId grants.
 DEVELOPER_ID = "00000000-1111-2222-3333-444444444444"

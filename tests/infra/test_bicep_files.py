@@ -32,11 +32,17 @@ VERIFIED_API_VERSIONS = {
     "Microsoft.Authorization/roleAssignments": "2022-04-01",  # [Q]
     "Microsoft.Web/serverfarms": "2024-04-01",  # [Q] (FC1 / FlexConsumption)
     "Microsoft.Web/sites": "2024-04-01",  # [Q] (functionAppConfig, deployment storage UserAssignedIdentity)
-    "Microsoft.Web/sites/config": "2024-04-01",  # [Q] (appsettings)
+    # [Q] (appsettings); authsettingsV2: [T] and azure-rest-api-specs Microsoft.Web/stable/2024-04-01
+    # examples/UpdateAuthSettingsV2.json (platform, globalValidation, identityProviders, login, httpSettings)
+    "Microsoft.Web/sites/config": "2024-04-01",
     "Microsoft.ServiceBus/namespaces": "2024-01-01",  # [T] (disableLocalAuth, minimumTlsVersion)
     "Microsoft.ServiceBus/namespaces/queues": "2024-01-01",  # [T]
     "Microsoft.Insights/actionGroups": "2022-04-01",  # [T] (emailReceivers.useCommonAlertSchema)
     "Microsoft.Insights/metricAlerts": "2018-03-01",  # [T] (SingleResourceMultipleMetricCriteria)
+    # [T] (kind LogAlert; criteria.allOf: query, timeAggregation, metricMeasureColumn, dimensions,
+    # failingPeriods; actions.actionGroups)
+    "Microsoft.Insights/scheduledQueryRules": "2021-08-01",
+    "Microsoft.Insights/workbooks": "2023-06-01",  # [T] (kind shared, a GUID name; serializedData, sourceId, category)
 }
 
 

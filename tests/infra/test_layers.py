@@ -6,7 +6,7 @@ Layers, bottom to top (a module may import its own layer and the ones below):
    ``tools/`` (a tool's tests may use another tool, e.g. the local host's tests run
    against the Service Bus emulator).
 2. the app, with its own order: ``core`` (pure) <- ``adapters`` <- ``scheduler``,
-   ``agents``, ``supervisor`` <- ``function_app``.
+   ``agents``, ``supervisor``, ``api`` <- ``function_app``.
 3. ``ordersctl`` and the local stack, ``devtools.*`` (but the demo).
 4. ``devtools.demo`` and ``benchmarks.*`` (the soak among them).
 5. ``tests.*``: anything.
@@ -36,6 +36,7 @@ LAYERS: dict[str, float] = {
     "scheduler": 2.2,
     "agents": 2.2,
     "supervisor": 2.2,
+    "api": 2.2,
     "function_app": 2.3,
     "ordersctl": 3,
     "devtools": 3,

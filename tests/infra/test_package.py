@@ -33,7 +33,7 @@ from tests import ROOT
 
 #: The app: what the Functions host needs, and nothing else.
 APP_FILES = ("function_app.py", "host.json", "requirements.txt")
-APP_FOLDERS = ("core", "adapters", "scheduler", "agents", "supervisor")
+APP_FOLDERS = ("core", "adapters", "scheduler", "agents", "supervisor", "api")
 #: Files and folders azd leaves out whatever the ignore file says.
 AZD_ALWAYS_OUT = {("local.settings.json", False), (".funcignore", False), (".azure", True)}
 FLAVOURS = ("git", "azd")
@@ -274,3 +274,13 @@ def test_funcignore_keeps_everything_function_app_imports():
         left_out = sorted(first_party - shipped)
         assert not left_out, f"{flavour}: .funcignore leaves out modules the app imports: {left_out}"
         assert not tracked_app - shipped, f"{flavour}: {sorted(tracked_app - shipped)}"
+
+
+def test_the_operator_page_ships_with_the_app():
+    """The page's HTML, script, style and chart library (api/static/, no .py among them) are
+    read by the app at run time: the package must hold every one of them."""
+    static = {path.relative_to(ROOT).as_posix() for path in (ROOT / "api" / "static").iterdir()}
+    assert {"api/static/ops.html", "api/static/ops.js", "api/static/uPlot.iife.min.js"} <= static
+    for flavour in FLAVOURS:
+        shipped = package(ROOT, flavour)
+        assert static <= shipped, f"{flavour}: .funcignore leaves out {sorted(static - shipped)}"

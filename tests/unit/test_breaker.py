@@ -103,3 +103,17 @@ def test_the_wait_told_to_callers_is_spread_by_the_jitter():
     with pytest.raises(BreakerOpen) as refused:
         b.before_call()
     assert refused.value.retry_after == pytest.approx(20 + 0.25 * 30)
+
+
+def test_a_call_that_does_not_count_is_refused_while_open_but_never_takes_the_trial():
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.failed()
+    with pytest.raises(BreakerOpen):
+        b.refuse_if_open()  # open: a lookup waits too
+    clock.now += 30
+    b.refuse_if_open()  # half-open: a lookup may go...
+    b.refuse_if_open()
+    b.before_call()  # ...and the trial is still there for the action
+    assert b.state is BreakerState.HALF_OPEN

@@ -31,10 +31,13 @@ log = logging.getLogger("funchost")
 SERVICE_BUS_TRIGGER = "serviceBusTrigger"
 QUEUE_TRIGGER = "queueTrigger"
 TIMER_TRIGGER = "timerTrigger"
-SUPPORTED_TRIGGERS = (SERVICE_BUS_TRIGGER, QUEUE_TRIGGER, TIMER_TRIGGER)
+HTTP_TRIGGER = "httpTrigger"
+SUPPORTED_TRIGGERS = (SERVICE_BUS_TRIGGER, QUEUE_TRIGGER, TIMER_TRIGGER, HTTP_TRIGGER)
 QUEUE_OUTPUT = "queue"
 SERVICE_BUS_OUTPUT = "serviceBus"
-SUPPORTED_OUTPUTS = (QUEUE_OUTPUT, SERVICE_BUS_OUTPUT)
+#: An HTTP trigger's response (``@app.route`` adds it as ``$return``).
+HTTP_OUTPUT = "http"
+SUPPORTED_OUTPUTS = (QUEUE_OUTPUT, SERVICE_BUS_OUTPUT, HTTP_OUTPUT)
 
 #: The connection setting a binding uses when it names none (as in the Functions host).
 DEFAULT_CONNECTIONS = {
@@ -233,6 +236,10 @@ def build_spec(function: func.Function, environ: Mapping[str, str] | None = None
             raise FunctionLoadError(
                 name, f'output binding "{output.type}" ({output.name}) is not supported by this host'
             )
+        if output.type == HTTP_OUTPUT:
+            if trigger.type != HTTP_TRIGGER:
+                raise FunctionLoadError(name, f"output binding {output.name}: an http output needs an HTTP trigger")
+            continue
         if output.get("topicName") or not output.queue_name:
             raise FunctionLoadError(name, f"output binding {output.name}: only queues are supported, not topics")
     if trigger.type == SERVICE_BUS_TRIGGER:
@@ -244,6 +251,8 @@ def build_spec(function: func.Function, environ: Mapping[str, str] | None = None
             raise FunctionLoadError(name, 'cardinality "many" (batches) is not supported by this host')
     if trigger.type == QUEUE_TRIGGER and not trigger.queue_name:
         raise FunctionLoadError(name, "queue trigger without queueName")
+    if trigger.type == HTTP_TRIGGER and sum(1 for output in outputs if output.type == HTTP_OUTPUT) > 1:
+        raise FunctionLoadError(name, "more than one http output binding")
 
     hints = _type_hints(user_function)
     signature = inspect.signature(user_function)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .app import AppLoadError
 from .config import ConfigError
-from .host import Host
+from .host import Host, HostStartError
 
 log = logging.getLogger("funchost")
 
@@ -23,8 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"python -m {__package__}",
         description=(
-            "Run a v2-model Python Function app (function_app.py) locally: Service Bus queue, storage "
-            "queue and timer triggers, storage-queue and Service Bus outputs, settings from "
+            "Run a v2-model Python Function app (function_app.py) locally: HTTP (on 127.0.0.1), Service Bus "
+            "queue, storage queue and timer triggers, storage-queue and Service Bus outputs, settings from "
             "local.settings.json and host.json. Stop with Ctrl-C or SIGTERM: in-flight messages finish "
             "(or are abandoned at the drain deadline)."
         ),
@@ -48,6 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         metavar="SECONDS",
         help="on stop, how long in-flight invocations may run before their messages are abandoned (default: 30)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="port of the HTTP functions' server on 127.0.0.1 (default: local.settings.json Host.LocalHttpPort, "
+        "else 7071, as Core Tools; 0 picks a free port). The URL is logged at start.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, Azure SDK logs included")
     return parser
@@ -76,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     app_dir = app_dir.resolve()
     # Core Tools and Azure run the worker in the app directory (the script root).
     os.chdir(app_dir)
-    host = Host(app_dir, settings, functions=args.functions)
+    if args.port is not None and not 0 <= args.port <= 65535:
+        log.error("--port %s is not a port number", args.port)
+        return 2
+    host = Host(app_dir, settings, functions=args.functions, http_port=args.port)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame) -> None:
@@ -97,7 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.verbose:
         logging.getLogger().setLevel(logging.DEBUG)
-    host.start()
+    try:
+        host.start()
+    except HostStartError as error:
+        log.error("%s", error)
+        return 1
     while not stop.wait(0.5):
         pass
     host.stop(args.drain_timeout)

@@ -3,8 +3,10 @@
 - ``local.settings.json``: its ``Values`` become environment variables (app settings)
   before the app is imported. A variable that is already set wins, so a test or a
   shell can override any value.
+- ``local.settings.json``'s ``Host`` section: ``LocalHttpPort``, the port of the HTTP
+  server (as Core Tools reads it).
 - ``host.json``: the extension settings this host honours (``extensions.queues``,
-  ``extensions.serviceBus``) and the log level. As in Azure, any host.json value can
+  ``extensions.serviceBus``, ``extensions.http.routePrefix``) and the log level. As in Azure, any host.json value can
   be overridden by an app setting named ``AzureFunctionsJobHost__path__to__key``
   (for example ``AzureFunctionsJobHost__extensions__queues__batchSize=4``).
 - ``%SETTING%`` in a binding property is replaced by that app setting's value.
@@ -63,6 +65,26 @@ def read_local_settings(path: Path) -> dict[str, str]:
     if not isinstance(values, dict):
         raise ConfigError(f"{path.name}: Values must be an object")
     return {str(key): "" if value is None else str(value) for key, value in values.items()}
+
+
+def read_local_http_port(path: Path) -> int | None:
+    """``Host.LocalHttpPort`` of a local.settings.json file (Core Tools' port setting); None when absent."""
+    if not path.exists():
+        return None
+    try:
+        document = json.loads(path.read_text(encoding="utf-8-sig"))
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path.name} is not valid JSON: {error}") from error
+    value = _get(document.get("Host") or {}, "LocalHttpPort")
+    if value in (None, ""):
+        return None
+    try:
+        port = int(value)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{path.name}: Host.LocalHttpPort {value!r} is not a port number") from error
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{path.name}: Host.LocalHttpPort {port} is not a port number")
+    return port
 
 
 def apply_settings(values: Mapping[str, str], environ: os._Environ | dict | None = None) -> list[str]:
@@ -178,11 +200,19 @@ class ServiceBusOptions:
 
 
 @dataclass(frozen=True)
+class HttpOptions:
+    """``extensions.http``: the route prefix of every HTTP function (default ``api``; ``""`` for none)."""
+
+    route_prefix: str = "api"
+
+
+@dataclass(frozen=True)
 class HostOptions:
     queues: QueueOptions
     service_bus: ServiceBusOptions
     log_level: int
     raw: dict
+    http: HttpOptions = HttpOptions()
 
 
 def host_options(document: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> HostOptions:
@@ -228,7 +258,15 @@ def host_options(document: Mapping[str, Any], environ: Mapping[str, str] | None 
         max_concurrent_calls=max(1, _int(concurrent, "extensions.serviceBus.maxConcurrentCalls")),
     )
 
+    http = _get(extensions, "http", {}) or {}
+    prefix = _get(http, "routePrefix", "api")
+    if not isinstance(prefix, str):
+        raise ConfigError(f"host.json extensions.http.routePrefix must be a string, got {prefix!r}")
+    http_options = HttpOptions(route_prefix=prefix.strip().strip("/"))
+
     levels = _get(_get(document, "logging", {}) or {}, "logLevel", {}) or {}
 
     default_level = _LOG_LEVELS.get(str(_get(levels, "default", "Information")).lower(), logging.INFO)
-    return HostOptions(queues=queue_options, service_bus=sb_options, log_level=default_level, raw=dict(document))
+    return HostOptions(
+        queues=queue_options, service_bus=sb_options, log_level=default_level, raw=dict(document), http=http_options
+    )

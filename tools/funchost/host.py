@@ -11,6 +11,7 @@ from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 
 from .app import (
+    HTTP_TRIGGER,
     QUEUE_TRIGGER,
     SERVICE_BUS_TRIGGER,
     TIMER_TRIGGER,
@@ -22,8 +23,16 @@ from .app import (
     index_functions,
     is_disabled,
 )
-from .config import HostOptions, apply_settings, host_options, read_host_json, read_local_settings
+from .config import (
+    HostOptions,
+    apply_settings,
+    host_options,
+    read_host_json,
+    read_local_http_port,
+    read_local_settings,
+)
 from .connections import Clients
+from .http_trigger import DEFAULT_PORT, HttpServer, HttpTriggerListener
 from .invoke import Invoker, Worker
 from .listener import Listener
 from .outputs import OutputSender
@@ -39,12 +48,18 @@ STOPPED_MARKER = "funchost stopped:"
 INSTANCE_ID_SETTING = "WEBSITE_INSTANCE_ID"
 
 
+class HostStartError(RuntimeError):
+    """The host cannot start at all (e.g. the HTTP port is taken)."""
+
+
 class Host:
     """Runs the functions of one app directory until stopped.
 
     ``load()`` reads local.settings.json into the environment (values already set win),
     gives this process an instance id, reads host.json and indexes the app;
-    ``start()`` creates the queues the functions use and starts their listeners;
+    ``start()`` creates the queues the functions use and starts their listeners (and,
+    when the app has HTTP functions, one HTTP server on loopback, on ``http_port``: else
+    local.settings.json ``Host.LocalHttpPort``, else 7071; 0 for a free port);
     ``stop(drain_timeout)`` lets in-flight invocations finish (their messages are then
     settled) and abandons whatever is still running at the deadline.
     """
@@ -56,6 +71,7 @@ class Host:
         *,
         functions: Iterable[str] | None = None,
         environ: MutableMapping[str, str] | None = None,
+        http_port: int | None = None,
     ) -> None:
         self.app_dir = Path(app_dir).resolve()
         self.settings_file = Path(settings_file) if settings_file else self.app_dir / "local.settings.json"
@@ -70,6 +86,8 @@ class Host:
         self._worker: Worker | None = None
         self._clients: Clients | None = None
         self._outputs: OutputSender | None = None
+        self.http_port = http_port
+        self._http: HttpServer | None = None
 
     # --- load -------------------------------------------------------------------------
 
@@ -82,6 +100,9 @@ class Host:
         self.environ.setdefault(INSTANCE_ID_SETTING, secrets.token_hex(32))
         self.environ.setdefault("AzureWebJobsScriptRoot", str(self.app_dir))
         self.instance_id = self.environ[INSTANCE_ID_SETTING]
+        if self.http_port is None:
+            self.http_port = read_local_http_port(self.settings_file)
+            self.http_port = DEFAULT_PORT if self.http_port is None else self.http_port
         self.options = host_options(read_host_json(self.app_dir / "host.json", self.environ), self.environ)
         logging.getLogger().setLevel(self.options.log_level)
 
@@ -108,8 +129,21 @@ class Host:
 
     # --- start ------------------------------------------------------------------------
 
+    @property
+    def http_url(self) -> str | None:
+        """The HTTP server's base URL (``http://127.0.0.1:PORT``), when the app has HTTP functions."""
+        return self._http.url if self._http else None
+
     def start(self) -> None:
         assert self.options is not None, "load() first"
+        if any(spec.trigger_type == HTTP_TRIGGER for spec in self.specs):
+            try:
+                self._http = HttpServer(int(self.http_port or 0), self.options.http.route_prefix)
+            except OSError as error:
+                raise HostStartError(
+                    f"cannot listen on {self.http_port} for the HTTP functions: {error.strerror or error} "
+                    "(use --port, or 0 for a free port)"
+                ) from error
         self._worker = Worker(self.environ)
         if self._worker.thread_count.warning:
             log.warning("%s", self._worker.thread_count.warning)
@@ -131,6 +165,12 @@ class Host:
         for listener in self.listeners:
             log.info("Function %s: %s", listener.name, listener.describe())
         log.info("%s", self.concurrency())
+        if self._http is not None:
+            if any(isinstance(listener, HttpTriggerListener) for listener in self.listeners):
+                self._http.start()
+            else:  # every HTTP function is in error: nothing to serve
+                self._http.stop_accepting()
+                self._http = None
         for listener in self.listeners:
             listener.start()
         threading.Thread(target=self._announce_ready, name="funchost-ready", daemon=True).start()
@@ -156,6 +196,8 @@ class Host:
             return QueueTriggerListener(spec, invoker, self._clients, self.options.queues)
         if spec.trigger_type == TIMER_TRIGGER:
             return TimerTriggerListener(spec, invoker)
+        if spec.trigger_type == HTTP_TRIGGER and self._http is not None:
+            return HttpTriggerListener(spec, invoker, self._http)
         raise FunctionLoadError(spec.name, f"trigger {spec.trigger_type} is not supported")  # build_spec prevents it
 
     def _notify_queue(self, queue_name: str) -> None:
@@ -173,12 +215,13 @@ class Host:
                     waiting = [item.name for item in self.listeners if not item.ready.is_set()]
                     log.info("still waiting for %s to start receiving", ", ".join(waiting))
         log.info(
-            "%s functions=%d errors=%d instance=%s sync_threads=%d startup=%.1fs",
+            "%s functions=%d errors=%d instance=%s sync_threads=%d%s startup=%.1fs",
             READY_MARKER,
             len(self.listeners),
             len(self.errors),
             self.instance_id,
             self._worker.max_workers if self._worker else 0,
+            f" http={self._http.url}" if self._http else "",
             time.monotonic() - started,
         )
         self._ready.set()
@@ -191,6 +234,8 @@ class Host:
     def stop(self, drain_timeout: float = 30.0) -> bool:
         """Stop receiving, let in-flight invocations finish until the deadline; True if every listener ended."""
         deadline = time.monotonic() + max(0.0, drain_timeout)
+        if self._http is not None:
+            self._http.stop_accepting()  # requests in flight go on until the deadline
         for listener in self.listeners:
             listener.stop(deadline)
         ended = True

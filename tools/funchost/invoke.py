@@ -11,6 +11,10 @@
   the trigger (the host's side) keeps its message locked. See README "Concurrency".
 - Output values are sent only after the function returned; nothing is sent when it
   raised. A failure to send fails the invocation, so the trigger message is retried.
+- An ``http`` output (an HTTP trigger's response) is not sent anywhere: it is encoded
+  by the worker's own converter (``azure.functions.http.HttpResponseConverter``, which
+  refuses what the worker refuses, failing the invocation) and handed back in the
+  :class:`Outcome` for the HTTP server to write.
 - Each invocation is logged in one line to stderr: function, trigger, id, duration
   and outcome (plus the traceback on the following lines when it failed).
 """
@@ -32,8 +36,9 @@ from typing import Any
 
 import azure.functions as func
 from azure.functions import _abc
+from azure.functions.http import HttpResponseConverter
 
-from .app import FunctionSpec
+from .app import HTTP_OUTPUT, FunctionSpec
 
 log = logging.getLogger("funchost")
 
@@ -240,6 +245,8 @@ class Outcome:
     succeeded: bool
     duration: float
     error: BaseException | None = None
+    #: What the function set on its ``http`` output, encoded as the worker encodes it (None if nothing).
+    http: Any = None
 
 
 class Invoker:
@@ -254,16 +261,17 @@ class Invoker:
         invocation_id = str(uuid.uuid4())
         started = time.monotonic()
         error: BaseException | None = None
+        http = None
         try:
-            self._call(spec, trigger, invocation_id)
+            http = self._call(spec, trigger, invocation_id)
         except Exception as caught:  # the function's failure is the invocation's outcome, never the host's
             error = caught
         duration = time.monotonic() - started
-        outcome = Outcome(invocation_id, error is None, duration, error)
+        outcome = Outcome(invocation_id, error is None, duration, error, http if error is None else None)
         self._log(spec, trigger, outcome)
         return outcome
 
-    def _call(self, spec: FunctionSpec, trigger: TriggerValue, invocation_id: str) -> None:
+    def _call(self, spec: FunctionSpec, trigger: TriggerValue, invocation_id: str) -> Any:
         args: dict[str, Any] = {}
         outs: dict[str, Out] = {}
         context = Context(invocation_id, spec.name, self._function_directory)
@@ -279,10 +287,25 @@ class Invoker:
             result = self._worker.run_async(spec.user_function(**args))
         else:
             result = self._worker.run_sync(spec.user_function, args, context)
-        for binding in spec.outputs:
-            value = result if binding.name == "$return" else outs[binding.name].get()
-            if value is not None:
+        values = [
+            (binding, result if binding.name == "$return" else outs[binding.name].get()) for binding in spec.outputs
+        ]
+        http = None
+        for binding, value in values:
+            if binding.type == HTTP_OUTPUT and value is not None:
+                # The worker encodes every output before the host sends any: a response
+                # its converter refuses fails the invocation, and nothing is sent.
+                try:
+                    http = HttpResponseConverter.encode(value, expected_type=None)
+                except NotImplementedError:
+                    raise TypeError(
+                        f'unable to encode outgoing TypedData: unsupported type "{HttpResponseConverter}" '
+                        f'for Python type "{type(value).__name__}"'
+                    ) from None
+        for binding, value in values:
+            if binding.type != HTTP_OUTPUT and value is not None:
                 self._send_output(binding, value)
+        return http
 
     @staticmethod
     def _log(spec: FunctionSpec, trigger: TriggerValue, outcome: Outcome) -> None:

@@ -42,7 +42,8 @@ MODULE = __package__
 IMPORT_ROOT = Path(__file__).resolve().parents[MODULE.count(".") + 1]
 
 _READY = re.compile(
-    re.escape(READY_MARKER) + r" functions=(\d+) errors=(\d+) instance=(\S+)(?: sync_threads=(\d+))?"
+    re.escape(READY_MARKER)
+    + r" functions=(\d+) errors=(\d+) instance=(\S+)(?: sync_threads=(\d+))?(?: http=(http://\S+))?"
 )
 _EXECUTED = re.compile(r"Executed 'Functions\.([^']+)' \((Succeeded|Failed), Id=([^,]+), Duration=(\d+)ms\)(.*)")
 
@@ -77,6 +78,8 @@ class HostProcess:
     errors: int = 0
     #: The size of the worker's shared thread pool for sync functions (from the readiness line).
     sync_threads: int = 0
+    #: The HTTP functions' base URL, ``http://127.0.0.1:PORT`` (from the readiness line); "" when the app has none.
+    http_url: str = ""
 
     @property
     def pid(self) -> int:
@@ -107,6 +110,7 @@ class HostProcess:
             if match:
                 self.functions, self.errors, self.instance_id = int(match[1]), int(match[2]), match[3]
                 self.sync_threads = int(match[4] or 0)
+                self.http_url = match[5] or ""
                 if self.errors and not allow_errors:
                     raise HostError(f"{self.name}: {self.errors} function(s) in error:\n{self.log_tail()}")
                 return self
@@ -196,26 +200,30 @@ class FuncHosts:
         ready_timeout: float = 60.0,
         allow_errors: bool = False,
         args: Iterable[str] = (),
+        http_port: int | None = 0,
     ) -> list[HostProcess]:
         """Start ``count`` host processes for ``app_dir``; by default wait until all are ready.
 
         ``env`` adds or overrides app settings (environment variables win over
         local.settings.json). Each process gets its own ``WEBSITE_INSTANCE_ID`` unless
         ``env`` sets one. ``settings`` picks a local settings file (default: the app
-        directory's local.settings.json, if any).
+        directory's local.settings.json, if any). ``http_port`` is the port of an app's
+        HTTP functions: 0 (the default) a free one per process, read back as
+        :attr:`HostProcess.http_url`; None lets the host choose as on the command line.
         """
         app_dir = app_dir if app_dir is not None else self.app_dir
         if app_dir is None:
             raise ValueError("no app directory: pass app_dir to start() or to FuncHosts()")
         started = [
-            self._launch(Path(app_dir), env or {}, settings, functions, drain_timeout, args) for _ in range(count)
+            self._launch(Path(app_dir), env or {}, settings, functions, drain_timeout, args, http_port)
+            for _ in range(count)
         ]
         if wait:
             for host in started:
                 host.wait_ready(ready_timeout, allow_errors=allow_errors)
         return started
 
-    def _launch(self, app_dir, env, settings, functions, drain_timeout, args) -> HostProcess:
+    def _launch(self, app_dir, env, settings, functions, drain_timeout, args, http_port) -> HostProcess:
         name = f"funchost-{len(self.hosts) + 1}"
         log_path = self.log_dir / f"{name}.log"
         child_env = dict(os.environ)
@@ -229,6 +237,8 @@ class FuncHosts:
             command += ["--functions", *functions]
         if drain_timeout is not None:
             command += ["--drain-timeout", str(drain_timeout)]
+        if http_port is not None:
+            command += ["--port", str(http_port)]
         command += list(args)
         with open(log_path, "wb") as log_file:
             process = subprocess.Popen(

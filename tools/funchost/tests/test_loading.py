@@ -48,6 +48,18 @@ def test_return_outputs_async_functions_and_body_annotations():
     assert [(p.name, p.form) for p in spec.params] == [("body", "str")]
 
 
+def test_an_http_function_has_its_response_as_an_http_output():
+    def register(app):
+        @app.route(route="orders/{id}", methods=["GET"], auth_level=func.AuthLevel.ANONYMOUS)
+        def get_order(req: func.HttpRequest) -> func.HttpResponse: ...
+
+    spec = build_spec(one_function(register), ENV)
+    assert spec.trigger.type == "httpTrigger" and spec.trigger.get("route") == "orders/{id}"
+    assert spec.trigger.get("methods") == ["GET"]
+    assert [(o.name, o.type) for o in spec.outputs] == [("$return", "http")]
+    assert [(p.name, p.kind, p.form) for p in spec.params] == [("req", "trigger", "object")]
+
+
 def test_a_second_get_functions_call_is_what_the_host_avoids():
     app = func.FunctionApp()
 
@@ -71,8 +83,8 @@ def test_a_second_get_functions_call_is_what_the_host_avoids():
             "'%NOT_SET%' does not resolve",
         ),
         (
-            lambda app: app.route(route="x")(lambda req: None),
-            'trigger "httpTrigger" is not supported',
+            lambda app: app.blob_trigger(arg_name="blob", path="c/{name}", connection="c")(lambda blob: None),
+            'trigger "blobTrigger" is not supported',
         ),
     ],
 )

@@ -1,0 +1,157 @@
+"""The metrics the app records (core/names.py, adapters/telemetry.py) are the ones the
+Bicep's log search alerts and workbook query, by the same names and attributes; the
+alerts reach the operator through the action group; traces go to Application Insights
+with identity and sampling as documented (docs/observability.md), and the local-only
+telemetry files are never set in Azure."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from adapters.settings import Settings
+from core import names
+from core.models import ProcessState
+from tests.infra import bicep
+from tests.infra.conftest import DEPLOY_PARAMS, MAIN, app_settings_of
+
+QUERY_RULES = "Microsoft.Insights/scheduledQueryRules"
+WORKBOOK = "Microsoft.Insights/workbooks"
+ATTRIBUTES = {value for key, value in vars(names).items() if key.startswith("ATTR_")}
+
+
+def metrics_in(query: str) -> set[str]:
+    """The metric names a KQL query on customMetrics filters on (``name == "x"``, ``name in ("x", "y")``)."""
+    found = set(re.findall(r'\bname\s*==\s*"([^"]+)"', query))
+    for group in re.findall(r"\bname\s+in\s*\(([^)]*)\)", query):
+        found |= set(re.findall(r'"([^"]+)"', group))
+    return found
+
+
+def attributes_in(query: str) -> set[str]:
+    return set(re.findall(r'customDimensions\["([^"]+)"\]', query))
+
+
+def rules(deployment) -> dict[str, bicep.Resource]:
+    return {rule.symbol: rule for rule in deployment.of_type(QUERY_RULES)}
+
+
+def workbook_queries(deployment) -> dict[str, dict]:
+    (workbook,) = deployment.of_type(WORKBOOK)
+    data = workbook.properties["serializedData"]
+    assert isinstance(data, bicep.Unknown) and data.func == "string", "serializedData must be string(<the workbook>)"
+    (content,) = data.args
+    assert content["version"] == "Notebook/1.0"
+    return {item["name"]: item["content"] for item in content["items"] if item["type"] == 3}
+
+
+def test_the_alerts_and_the_workbook_query_only_metrics_the_app_records(deployment):
+    queries = [rule.properties["criteria"]["allOf"][0]["query"] for rule in rules(deployment).values()]
+    queries += [item["query"] for item in workbook_queries(deployment).values()]
+    assert len(queries) >= 4
+    for query in queries:
+        assert "customMetrics" in query, query
+        assert metrics_in(query), f"no metric named in {query}"
+        unknown_metrics, unknown_attributes = metrics_in(query) - set(names.METRICS), attributes_in(query) - ATTRIBUTES
+        assert not unknown_metrics, f"not a metric of core.names: {unknown_metrics}"
+        assert not unknown_attributes, f"not an attribute of core.names: {unknown_attributes}"
+
+
+def test_every_metric_is_on_the_workbook(deployment):
+    shown = set().union(*(metrics_in(item["query"]) for item in workbook_queries(deployment).values()))
+    assert shown == set(names.METRICS)
+
+
+def test_the_workbook_shows_states_over_time_deadline_misses_and_compensations_per_step(deployment):
+    items = workbook_queries(deployment)
+    charts = {
+        "orders-by-state": ({names.METRIC_ORDERS_CLOSED}, names.ATTR_STATE),
+        "deadline-misses": ({names.METRIC_DEADLINE_MISSES}, names.ATTR_STEP),
+        "compensations": ({names.METRIC_COMPENSATIONS}, names.ATTR_STEP),
+    }
+    for name, (metrics, attribute) in charts.items():
+        content = items[name]
+        assert metrics <= metrics_in(content["query"]) and attribute in attributes_in(content["query"]), name
+        assert "bin(timestamp" in content["query"] and content["visualization"] == "timechart", name
+        assert content["resourceType"] == "microsoft.insights/components" and content["version"] == "KqlItem/1.0"
+    (workbook,) = deployment.of_type(WORKBOOK)
+    component = bicep.ResourceId("applicationInsights", str(workbook.file))
+    assert workbook.body["kind"] == "shared" and workbook.properties["category"] == "workbook"
+    assert workbook.properties["sourceId"] == component
+    assert workbook.name.func == "guid"  # a workbook's name is a GUID
+
+
+def test_the_deadline_miss_alert_is_a_rate_per_step(deployment):
+    rule = rules(deployment)["deadlineMisses"]
+    (criterion,) = rule.properties["criteria"]["allOf"]
+    query = criterion["query"]
+    assert metrics_in(query) == {names.METRIC_DEADLINE_MISSES, names.METRIC_STEPS_CLAIMED}
+    assert attributes_in(query) == {names.ATTR_STEP}
+    assert "missPercent = 100.0 * misses / attempts" in query and "where attempts >= 20" in query
+    assert criterion["metricMeasureColumn"] == "missPercent" and criterion["timeAggregation"] == "Maximum"
+    assert criterion["dimensions"] == [{"name": "step", "operator": "Include", "values": ["*"]}]
+    assert (criterion["operator"], criterion["threshold"]) == ("GreaterThan", 5)
+
+
+def test_the_compensation_alert_is_the_share_of_orders_undone(deployment):
+    rule = rules(deployment)["compensations"]
+    (criterion,) = rule.properties["criteria"]["allOf"]
+    query = criterion["query"]
+    assert metrics_in(query) == {names.METRIC_ORDERS_CLOSED} and attributes_in(query) == {names.ATTR_STATE}
+    assert f'state == "{ProcessState.COMPENSATED.value}"' in query
+    assert criterion["metricMeasureColumn"] == "compensatedPercent"
+    assert (criterion["operator"], criterion["threshold"]) == ("GreaterThan", 10)
+
+
+def test_the_log_alerts_watch_application_insights_and_reach_the_operator(deployment):
+    (alerts_module,) = deployment.deployments_of("alerts.bicep")
+    (component,) = alerts_module.of_type("Microsoft.Insights/components", existing=True)
+    (group,) = alerts_module.of_type("Microsoft.Insights/actionGroups")
+    found = rules(deployment)
+    assert set(found) == {"deadlineMisses", "compensations"}
+    for rule in found.values():
+        props = rule.properties
+        assert rule.body["kind"] == "LogAlert" and props["enabled"] is True and props["autoMitigate"] is True
+        assert props["scopes"] == [bicep.ResourceId(component.symbol, str(component.file))]
+        assert props["actions"] == {"actionGroups": [bicep.ResourceId(group.symbol, str(group.file))]}
+        assert bicep.iso_duration(props["windowSize"]) >= bicep.iso_duration(props["evaluationFrequency"])
+        periods = props["criteria"]["allOf"][0]["failingPeriods"]
+        assert periods == {"numberOfEvaluationPeriods": 1, "minFailingPeriodsToAlert": 1}
+    # The alerts module's component is the one the app sends its telemetry to.
+    (monitoring,) = deployment.deployments_of("monitoring.bicep")
+    assert component.name == monitoring.outputs["applicationInsightsName"]
+
+
+def test_telemetry_goes_to_application_insights_with_the_apps_identity_and_sampling(deployed_settings):
+    assert {names.APPINSIGHTS_CONNECTION_SETTING, names.APPINSIGHTS_AUTHENTICATION_SETTING} <= set(deployed_settings)
+    aliases = {alias for field in Settings.model_fields.values() for alias in field.validation_alias.choices}
+    assert {names.APPINSIGHTS_CONNECTION_SETTING, names.APPINSIGHTS_AUTHENTICATION_SETTING} <= aliases
+    # The local stack's files are never set in Azure.
+    assert names.SPANS_FILE_SETTING not in deployed_settings and names.METRICS_FILE_SETTING not in deployed_settings
+    assert deployed_settings["OTEL_TRACES_SAMPLER"] == "microsoft.fixed_percentage"
+    assert deployed_settings["OTEL_TRACES_SAMPLER_ARG"] == "1.0"  # every order's trace, by default
+    lower = app_settings_of(bicep.evaluate(MAIN, {**DEPLOY_PARAMS, "traceSampleRatio": "0.25"}))
+    assert lower["OTEL_TRACES_SAMPLER_ARG"] == "0.25"
+
+
+@pytest.mark.parametrize(
+    ("authentication", "expected"),
+    [
+        ("ClientId=abc;Authorization=AAD", (True, "abc")),
+        ("Authorization=AAD", (True, None)),
+        ("authorization=aad; clientid=abc", (True, "abc")),
+        (None, (False, None)),
+    ],
+)
+def test_the_identity_is_read_from_the_authentication_string_as_the_host_reads_it(
+    authentication, expected, monkeypatch
+):
+    monkeypatch.setenv(names.STORAGE_CONNECTION, "UseDevelopmentStorage=true")
+    monkeypatch.setenv(names.SERVICEBUS_CONNECTION, "x")
+    if authentication is None:
+        monkeypatch.delenv(names.APPINSIGHTS_AUTHENTICATION_SETTING, raising=False)
+    else:
+        monkeypatch.setenv(names.APPINSIGHTS_AUTHENTICATION_SETTING, authentication)
+    assert Settings().telemetry_identity() == expected
+
