@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     agent_max_calls: int = _setting("AGENT_MAX_CALLS", 6, ge=1, le=100)
     agent_backoff_initial_seconds: PositiveSeconds = _setting("AGENT_BACKOFF_INITIAL_SECONDS", 0.2)
     agent_backoff_max_seconds: PositiveSeconds = _setting("AGENT_BACKOFF_MAX_SECONDS", 5.0)
-    #: Transient failures in a row after which an agent stops calling a remote service
+    #: Calls in a row that failed transiently (from at least two requests) after which an agent stops calling a remote service
     #: (per remote service, per host instance) and postpones its steps instead.
     breaker_failure_threshold: int = _setting("BREAKER_FAILURE_THRESHOLD", 5, ge=1, le=1000)
     #: How long the breaker stays open before one trial call.

@@ -1,9 +1,9 @@
 """A circuit breaker per remote service per host instance: stop calling a service that is
 down, resume by itself.
 
-- closed: calls go through; ``failure_threshold`` requests in a row that failed
-  transiently open it (a request's own retries count once: one bad request alone
-  does not take a service out for everyone).
+- closed: calls go through; ``failure_threshold`` calls in a row that failed
+  transiently open it, provided they came from at least two requests (one bad
+  request alone, however often it retries, does not take a service out for everyone).
 - open: no call for ``open_seconds``; the agent postpones its line instead of failing it.
 - half-open: after that, one trial call at a time; a success closes it, a failure
   opens it again.
@@ -58,7 +58,8 @@ class CircuitBreaker:
         self._random = random_fraction
         self._lock = threading.Lock()
         self._state = BreakerState.CLOSED
-        self._failures = 0
+        self._failures = 0  # failed calls in a row
+        self._requests = 0  # distinct requests among them
         self._opened_at = 0.0
         self._trial = False
         #: State changes, by the state entered (logged, and counted for tests and figures).
@@ -97,19 +98,19 @@ class CircuitBreaker:
 
     def succeeded(self) -> None:
         with self._lock:
-            self._failures, self._trial = 0, False
+            self._failures, self._requests, self._trial = 0, 0, False
             if self._state is not BreakerState.CLOSED:
                 self._enter(BreakerState.CLOSED)
 
-    def failed(self, *, counts: bool = True) -> None:
-        """A transient failure. ``counts=False`` for a retry of a request whose failure
-        was counted already: it still ends a trial (and reopens), but adds nothing."""
+    def failed(self, *, new_request: bool = True) -> None:
+        """A call failed transiently. ``new_request=False`` for a retry of a request that
+        failed before: the call counts, the request does not count twice."""
         with self._lock:
             self._trial = False
-            self._failures += 1 if counts else 0
-            if self._state is BreakerState.HALF_OPEN or (
-                self._state is BreakerState.CLOSED and self._failures >= self.failure_threshold
-            ):
+            self._failures += 1
+            self._requests += 1 if new_request else 0
+            enough = self._failures >= self.failure_threshold and self._requests >= min(2, self.failure_threshold)
+            if self._state is BreakerState.HALF_OPEN or (self._state is BreakerState.CLOSED and enough):
                 self._opened_at = self._clock()
                 self._enter(BreakerState.OPEN)
 

@@ -263,7 +263,7 @@ class RemoteClient:
         if ok:
             self.breaker.succeeded()
         else:
-            self.breaker.failed(counts=not tally.failed)
+            self.breaker.failed(new_request=not tally.failed)
             tally.failed = True
 
     async def _post(

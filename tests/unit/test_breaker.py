@@ -67,26 +67,35 @@ def test_a_failed_trial_opens_it_again_for_a_full_period():
         b.before_call()
 
 
-def test_retries_of_one_request_count_once_so_one_bad_request_cannot_open_it():
+def test_one_bad_request_cannot_open_it_however_often_it_retries():
     clock = Clock()
     b = breaker(clock)
     b.failed()
     for _ in range(10):
-        b.failed(counts=False)  # the same request retrying
+        b.failed(new_request=False)  # the same request retrying
     assert b.state is BreakerState.CLOSED
-    b.failed()
-    b.failed()  # three requests in a row
+    b.failed()  # a second request fails: the calls in a row are enough now
     assert b.state is BreakerState.OPEN
 
 
-def test_an_uncounted_failure_still_ends_the_trial_and_reopens():
+def test_failed_calls_of_two_requests_open_it_at_the_threshold():
+    clock = Clock()
+    b = breaker(clock)
+    b.failed()
+    b.failed()  # two requests, two calls: below the threshold of 3
+    assert b.state is BreakerState.CLOSED
+    b.failed(new_request=False)  # a retry: the third call in a row
+    assert b.state is BreakerState.OPEN
+
+
+def test_a_retry_still_ends_the_trial_and_reopens():
     clock = Clock()
     b = breaker(clock)
     for _ in range(3):
         b.failed()
     clock.now += 30
-    b.before_call()  # a retry of a request already counted takes the trial...
-    b.failed(counts=False)
+    b.before_call()  # a retry of a request that failed before takes the trial...
+    b.failed(new_request=False)
     assert b.state is BreakerState.OPEN  # ...and its failure reopens: the trial is not stuck
     clock.now += 30
     b.before_call()  # the next period's trial goes
