@@ -48,6 +48,9 @@ ORDER_ROW = "order"
 STATE_ROW = "state"
 #: Order ids start with a letter or digit, so this partition can never be an order's.
 ACTIVE_PARTITION = "_active"
+#: The agents' circuit breakers as they were published: one row per (remote service, host
+#: instance), written only when that breaker changes state (``ordersctl breakers``).
+BREAKERS_PARTITION = "_breakers"
 #: An index row whose order rows are still missing after this long belongs to a
 #: submission that crashed between the two writes; the orders message is retried by
 #: Service Bus (which rewrites the index row), so the orphan can go.
@@ -220,6 +223,16 @@ class Created:
     state: OrderState
     #: False when the same order had been submitted before (a duplicate: nothing written).
     created: bool
+
+
+@dataclass(frozen=True)
+class BreakerRow:
+    """One agent's circuit breaker for one remote service, as last published."""
+
+    service: str
+    instance: str
+    state: str
+    changed_at: datetime
 
 
 class StateStore:
@@ -400,6 +413,26 @@ class StateStore:
             )
         rows = self.table.query_entities(query, parameters=parameters)
         return [(row["RowKey"], row["IndexedAt"], row.metadata["etag"]) for row in rows]
+
+    def publish_breaker(self, service: str, instance: str, state: str, at: datetime) -> None:
+        """Record a breaker's new state (one upsert, on a state change only)."""
+        self._op("upsert")
+        self.table.upsert_entity(
+            {
+                "PartitionKey": BREAKERS_PARTITION, "RowKey": _safe_key(f"{service}~{instance}"),
+                "Service": service, "Instance": instance, "State": state, "ChangedAt": at,
+            },
+            mode=UpdateMode.REPLACE,
+        )
+
+    def breakers(self) -> list[BreakerRow]:
+        """Every published breaker, by service then instance (one partition query)."""
+        self._op("query")
+        rows = self.table.query_entities("PartitionKey eq @pk", parameters={"pk": BREAKERS_PARTITION})
+        return sorted(
+            (BreakerRow(row["Service"], row["Instance"], row["State"], row["ChangedAt"]) for row in rows),
+            key=lambda b: (b.service, b.instance),
+        )
 
     def list_states(self, *, id_prefix: str | None = None) -> list[OrderState]:
         """Every order's state, or those whose id starts with ``id_prefix``: a scan of the

@@ -11,6 +11,7 @@ worker until they arrive past complete-by. Async, they hold nothing while they w
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 
 import azure.functions as func
@@ -18,13 +19,15 @@ import azure.functions as func
 from adapters import clients, telemetry
 from adapters.messaging import AsyncPublisher
 from adapters.settings import Settings, get_settings
-from adapters.wiring import instance_id, parse_or_drop
+from adapters.wiring import instance_id, parse_or_drop, services
 from agents import agent
-from agents.breaker import CircuitBreaker
+from agents.breaker import BreakerState, CircuitBreaker
 from agents.remote import RemoteClient
 from core import names
 from core.models import AgentRequest, utcnow
 from core.workflow import remotes
+
+log = logging.getLogger(__name__)
 
 bp = func.Blueprint()
 
@@ -46,11 +49,30 @@ class AgentRuntime:
                 call_timeout=s.remote_call_timeout_seconds,
                 breaker=CircuitBreaker(
                     remote, failure_threshold=s.breaker_failure_threshold, open_seconds=s.breaker_open_seconds,
-                    on_change=telemetry.breaker_changed,
+                    on_change=_breaker_changed,
                 ),
                 max_concurrent_calls=s.remote_max_concurrent_calls,
             )
         return self.clients[remote]
+
+
+def _breaker_changed(remote: str, state: BreakerState) -> None:
+    """Count the change, and publish it for ``ordersctl breakers`` (one table write, off
+    the event loop; a failed write is logged, the breaker goes on regardless)."""
+    telemetry.breaker_changed(remote, state)
+    s = services()
+    store, instance, at = s.store, s.instance, utcnow()
+
+    def publish() -> None:
+        try:
+            store.publish_breaker(remote, instance, state.value, at)
+        except Exception:  # noqa: BLE001 - publishing is for operators; the agent goes on
+            log.warning("could not publish the %s breaker's state %s", remote, state.value, exc_info=True)
+
+    try:
+        asyncio.get_running_loop().run_in_executor(None, publish)
+    except RuntimeError:  # no loop running here: write now
+        publish()
 
 
 _runtimes: dict[asyncio.AbstractEventLoop, AgentRuntime] = {}

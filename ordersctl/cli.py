@@ -227,6 +227,20 @@ def list_orders(
     out.print(f"{len(rows)} {state.value} order(s) on page {page}")
 
 
+@app.command()
+def breakers(settings: SettingsFile = None) -> None:
+    """The agents' circuit breakers per remote service and host instance, as each host
+    last published them (on every state change): which services are being held off."""
+    ctx = _context(settings)
+    rows = ctx.services.store.breakers()
+    table = Table("service", "host instance", "state", "since")
+    for row in rows:
+        table.add_row(row.service, row.instance, row.state, f"{row.changed_at.isoformat(timespec='seconds')} ({_ago(row.changed_at)})")
+    out.print(table)
+    held = sorted({row.service for row in rows if row.state != "closed"})
+    out.print(f"not closed on some host: {', '.join(held)}" if held else "every published breaker is closed")
+
+
 def _peek(ctx: Context, queue: str, *, dead_letter: bool, most: int, take: bool):
     from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
 

@@ -10,6 +10,8 @@ import sys
 import uuid
 from pathlib import Path
 
+from adapters.wiring import services
+from core.models import utcnow
 from tests import ROOT
 from tests.e2e.conftest import wait_until
 
@@ -134,6 +136,11 @@ def test_ordersctl_against_the_local_stack(stack, tmp_path):
     alerts = cli("alerts", env=env)
     assert alerts.returncode == 0 and "cli-2" in alerts.stdout and "reserve" in alerts.stdout
     assert cli("dead-letters", stack.settings["ORDERS_QUEUE"], env=env).returncode == 0
+    # A breaker as an agent publishes it on a state change: the operator sees which
+    # service is held off on which host.
+    services().store.publish_breaker("payments", "host-a", "open", utcnow())
+    held = cli("breakers", env=env)
+    assert held.returncode == 0 and "host-a" in held.stdout and "not closed on some host: payments" in held.stdout
 
     refused = cli("resubmit", "cli-1", env=env)
     assert refused.returncode == 1 and "not Error" in refused.stderr

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import time
 
+from adapters.wiring import services
 from core.models import ProcessState, idempotency_key
 from core.workflow import Kind
 from devtools.orders import order_json
@@ -39,6 +40,12 @@ def test_an_outage_postpones_steps_without_failures_and_every_order_finishes_aft
     # The breakers open, and at least one half-open trial fails and opens again.
     wait_until(lambda: ("half_open", "open") in breaker_changes(stack, "payments"), timeout=30,
                what="a failed half-open trial reopening payments' breaker")
+    # Each host published its breaker's state for operators (ordersctl breakers).
+    published = wait_until(
+        lambda: [b for b in services().store.breakers() if b.service == "payments" and b.state != "closed"] or None,
+        timeout=10, what="payments' breaker published as not closed",
+    )
+    assert {b.instance for b in published} <= {host.instance_id for host in stack.hosts}
     calls_down = stack.remote.effects()["services"]["payments"]["calls"]
     stack.remote.set_faults(service="payments")  # back
     outage = time.monotonic() - down
@@ -52,6 +59,18 @@ def test_an_outage_postpones_steps_without_failures_and_every_order_finishes_aft
     assert ("retrying", "charge") not in stack.events(reply_queue)
     changes = breaker_changes(stack, "payments")
     assert ("half_open", "closed") in changes
+    # What each host published is the last state its log shows it entered (a breaker
+    # that saw no call since it opened stays "open" until its next call).
+    last_entered = {
+        host.instance_id: [m[3] for m in _BREAKER.finditer(host.log_text()) if m[1] == "payments"][-1]
+        for host in stack.hosts
+        if "circuit breaker for payments" in host.log_text()
+    }
+    wait_until(
+        lambda: {b.instance: b.state for b in services().store.breakers() if b.service == "payments"} == last_entered,
+        timeout=10, what=f"the published breakers to match the hosts' logs {last_entered}",
+    )
+    assert "closed" in last_entered.values()
     assert stack.host_logs().count("postponed for") >= len(ids)  # every charge waited at least once
     # While open, a host makes one trial call per open period: calls during the outage
     # stay within what was in flight when the breakers opened plus one per period.
