@@ -345,7 +345,10 @@ def run_demo(
                 for row in rows:
                     counts[shown_state(row)] += 1
                 counts["Pending"] += max(len(sent_at) - len(rows), 0)  # sent, not yet written
-                rejected = sum(1 for _ in rejections.list_entities(select=["RowKey"])) if invalid else 0
+                # A body too large for one row continues in part rows (PartOf): not rejections.
+                rejected = sum(
+                    1 for row in rejections.list_entities(select=["RowKey", "PartOf"]) if not row.get("PartOf")
+                ) if invalid else 0
                 sample = Sample(t=time.monotonic() - started, counts=counts, resets=sum(r.failure_count for r in rows))
                 samples.append(sample)
                 live.update(progress_table(sample, orders, rejected, stack.remote.effects(), started))
