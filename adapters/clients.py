@@ -115,3 +115,11 @@ def servicebus_client(settings: Settings):
         return ServiceBusClient.from_connection_string(settings.servicebus_connection_string)
     return ServiceBusClient(settings.servicebus_namespace, credential(settings.servicebus_client_id))
 
+
+
+def logs_query_client(client_id: str | None):
+    """A Log Analytics query client (the operator page's spans in Azure, adapters/traces.py),
+    with the app's managed identity, which holds Log Analytics Reader on the workspace."""
+    from azure.monitor.query import LogsQueryClient
+
+    return LogsQueryClient(credential(client_id))

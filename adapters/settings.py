@@ -110,6 +110,9 @@ class Settings(BaseSettings):
     #: Locally: every host's spans files (a glob), read by the operator page for an order's
     #: timeline; unset, the host's own spans file (api/ops.py).
     trace_spans_files: str | None = _setting(names.TRACE_SPANS_FILES_SETTING, None)
+    #: Azure: the workspace id of the component's Log Analytics workspace, queried by the
+    #: operator page for an order's spans (adapters/traces.py) with the app's identity.
+    applicationinsights_workspace_id: str | None = _setting(names.APPINSIGHTS_WORKSPACE_SETTING, None)
 
     @model_validator(mode="before")
     @classmethod

@@ -11,8 +11,9 @@ functions of their inputs (``api/blueprint.py`` binds them to HTTP routes).
   minute it was written (ten minutes past six hours), and the in-flight orders now
   (the active index). A state row keeps an order's latest state only: an order
   resubmitted since counts where it stands now, at the time it got there.
-- ``GET /api/orders/{id}/trace``: the order's spans (adapters/traces.py), for its
-  timeline: steps, attempts, retries, compensations, hosts.
+- ``GET /api/orders/{id}/trace``: the order's spans (adapters/traces.py: the local
+  spans files, or Application Insights in Azure), for its timeline: steps, attempts,
+  retries, compensations, hosts.
 
 Each takes the reader role (an operator may read too); refusals are the status API's
 (api/orders.py): 400 for a bad id or parameter, 404 for an unknown order or file.
@@ -20,6 +21,7 @@ Each takes the reader role (an operator may read too); refusals are the status A
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime, timedelta
@@ -30,7 +32,9 @@ from adapters import traces
 from adapters.store import OrderNotFound, StateStore
 from api.orders import BadRequest, Reply, order_id_of, refused
 from core import access
-from core.models import ProcessState
+from core.models import ProcessState, utcnow
+
+log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
 #: The files the page is made of, by name, with their content types.
@@ -142,19 +146,34 @@ def counts(params: Mapping[str, str], *, store: StateStore, now: datetime) -> Re
     )
 
 
-def trace(order_id: str | None, *, store: StateStore, spans: traces.SpanSource) -> Reply:
-    """The order's spans by start time (``source``: where from; ``note``: why none)."""
+def trace(
+    order_id: str | None, *, store: StateStore, spans: traces.SpanSource, now: datetime | None = None
+) -> Reply:
+    """The order's spans by start time (``source``: where from; ``note``: why none, or
+    why some may be missing). A query of Application Insights that fails answers no
+    spans, ``source`` ``none`` and the reason: the page draws the step rows."""
     order_id = order_id_of(order_id)
     try:
-        store.get(order_id)
+        state = store.get(order_id)
     except OrderNotFound:
         return refused(404, "not_found", f"no order {order_id!r}")
-    found, truncated = traces.order_spans(order_id, spans) if spans.kind == "files" else ([], False)
+    kind, note, found, truncated = spans.kind, spans.note, [], False
+    if spans.kind == "files":
+        found, truncated = traces.order_spans(order_id, spans)
+    elif spans.kind == "appinsights":
+        try:
+            found, truncated, note = traces.appinsights_spans(state, spans, now=now or utcnow())
+        except Exception as error:  # noqa: BLE001 - by design: the page falls back to the step rows
+            log.warning("spans of order %s not read from Application Insights: %r", order_id, error)
+            kind, note = "none", (
+                f"Application Insights could not be queried ({type(error).__name__}: {str(error)[:300]}): "
+                "the timeline is drawn from the order's step rows"
+            )
     body: dict[str, Any] = {
         "order_id": order_id,
-        "source": spans.kind,
-        "note": spans.note,
-        "trace_ids": sorted({span["trace_id"] for span in found}),
+        "source": kind,
+        "note": note,
+        "trace_ids": sorted({span["trace_id"] for span in found if span.get("trace_id")}),
         "spans": found,
         "truncated": truncated,
     }

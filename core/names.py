@@ -164,6 +164,9 @@ METRICS_FILE_SETTING = "OTEL_METRICS_FILE"
 #: operator page reads for an order's timeline (``GET /api/orders/{id}/trace``, api/ops.py).
 #: Unset: the host's own OTEL_SPANS_FILE only; neither set: no trace, the step rows only.
 TRACE_SPANS_FILES_SETTING = "TRACE_SPANS_FILES"
+#: Azure: the Log Analytics workspace (its workspace id, a GUID) behind the Application
+#: Insights component, from which the operator page reads an order's spans (set by the Bicep).
+APPINSIGHTS_WORKSPACE_SETTING = "APPLICATIONINSIGHTS_WORKSPACE_ID"
 #: ``service.name`` of every span and metric (Application Insights: cloud_RoleName).
 TELEMETRY_SERVICE = "scheduler-agent-supervisor"
 

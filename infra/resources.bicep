@@ -10,7 +10,8 @@
 //   ├─ storage account                 (host storage, deployment package, state tables, scheduler queue)
 //   ├─ Service Bus namespace, Standard (orders, one <remote>-requests queue per remote
 //   │                                   service, agent-responses, alerts)
-//   ├─ Log Analytics + Application Insights (Entra ID ingestion only)
+//   ├─ Log Analytics + Application Insights (Entra ID ingestion only; the app reads
+//   │                                        its own spans for the operator page)
 //   ├─ Flex Consumption plan + function app (Linux, Python 3.11)
 //   ├─ action group (email) + metric alerts (dead letters, operator alerts)
 //   │  + log search alerts on the app's metrics (deadline-miss rate, compensation rate)
@@ -266,6 +267,7 @@ module monitoring 'core/monitor/monitoring.bicep' = {
     location: location
     tags: tags
     metricsPublisherPrincipalId: identity.outputs.principalId
+    logsReaderPrincipalId: identity.outputs.principalId
   }
 }
 
@@ -361,6 +363,10 @@ module functionApp 'app/function-app.bicep' = {
       // order decides alike.
       OTEL_TRACES_SAMPLER: 'microsoft.fixed_percentage'
       OTEL_TRACES_SAMPLER_ARG: traceSampleRatio
+      // The operator page reads one order's spans from the component's workspace
+      // (adapters/traces.py), as the app identity (Log Analytics Reader, granted in
+      // core/monitor/monitoring.bicep).
+      APPLICATIONINSIGHTS_WORKSPACE_ID: monitoring.outputs.logAnalyticsWorkspaceId
     }, requestsQueueSettings, remoteUrlSettings)
   }
 }

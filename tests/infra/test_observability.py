@@ -135,6 +135,29 @@ def test_telemetry_goes_to_application_insights_with_the_apps_identity_and_sampl
     assert lower["OTEL_TRACES_SAMPLER_ARG"] == "0.25"
 
 
+def test_the_operator_page_reads_spans_from_the_components_workspace_as_the_app(deployment, deployed_settings):
+    # The app setting names the workspace id (customerId) of the workspace the component
+    # sends to, and the app identity may query that workspace.
+    (monitoring,) = deployment.deployments_of("monitoring.bicep")
+    (workspace,) = monitoring.of_type("Microsoft.OperationalInsights/workspaces")
+    (component,) = monitoring.of_type("Microsoft.Insights/components")
+    assert component.properties["WorkspaceResourceId"] == bicep.ResourceId(workspace.symbol, str(workspace.file))
+    setting = deployed_settings[names.APPINSIGHTS_WORKSPACE_SETTING]
+    assert setting == monitoring.outputs["logAnalyticsWorkspaceId"]
+    assert isinstance(setting, bicep.Unknown) and setting.text == f"{workspace.symbol}.properties.customerId"
+    aliases = {alias for field in Settings.model_fields.values() for alias in field.validation_alias.choices}
+    assert names.APPINSIGHTS_WORKSPACE_SETTING in aliases
+    readers = [
+        ra for ra in deployment.of_type("Microsoft.Authorization/roleAssignments")
+        if ra.properties["roleDefinitionId"].endswith("/73c42c96-874c-492b-b04d-ab87d138a893")  # Log Analytics Reader
+    ]
+    assert len(readers) == 1, readers
+    (reader,) = readers
+    assert (reader.body["scope"].symbol, reader.body["scope"].file) == (workspace.symbol, str(workspace.file))
+    assert reader.properties["principalId"].text == "identity.properties.principalId"
+    assert reader.properties["principalType"] == "ServicePrincipal"
+
+
 @pytest.mark.parametrize(
     ("authentication", "expected"),
     [

@@ -22,6 +22,7 @@ BUILT_IN_ROLES = {
     "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0": "Azure Service Bus Data Receiver",  # Integration
     "090c5cfd-751d-490a-894a-3ce6f1109419": "Azure Service Bus Data Owner",  # Integration
     "3913510d-42f4-4e42-8a64-420c390055eb": "Monitoring Metrics Publisher",  # Monitor
+    "73c42c96-874c-492b-b04d-ab87d138a893": "Log Analytics Reader",  # Monitor
 }
 ROLE_ASSIGNMENT = "Microsoft.Authorization/roleAssignments"
 GUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
@@ -35,6 +36,7 @@ APP_ROLES = {
     ("Azure Service Bus Data Receiver", "Microsoft.ServiceBus/namespaces"),
     ("Azure Service Bus Data Owner", "Microsoft.ServiceBus/namespaces"),  # scale monitoring (optional)
     ("Monitoring Metrics Publisher", "Microsoft.Insights/components"),
+    ("Log Analytics Reader", "Microsoft.OperationalInsights/workspaces"),  # the operator page's spans
 }
 #: What the developer gets with principalId: the data roles, to run the operator CLI.
 DEVELOPER_ROLES = {
