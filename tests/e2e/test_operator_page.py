@@ -82,6 +82,14 @@ class Page:
             logs = "\n".join(entry["message"] for entry in self.driver.get_log("browser"))
             raise AssertionError(f"timed out waiting for {what}; page problem: {problem!r}; console:\n{logs}") from None
 
+    def read(self, read, what: str = "the page"):
+        """``read()``'s value, read again if the page redrew what it was reading (every 3 s)."""
+        return self.until(lambda: (read(),), what)[0]
+
+    def click(self, locate, what: str) -> None:
+        """Click the element ``locate()`` finds, found again if the page redrew it."""
+        self.until(lambda: locate().click() or True, what)
+
     def screenshot(self, name: str) -> Path:
         self.shots += 1
         path = self.artefacts / f"{self.shots:02d}-{name}.png"
@@ -102,10 +110,14 @@ class Page:
         return self.driver.find_element(By.CSS_SELECTOR, f'#{table} tbody tr[data-order-id="{order_id}"]')
 
     def open_timeline(self, order_id: str) -> None:
-        field = self.driver.find_element(By.ID, "order-input")
-        field.clear()
-        field.send_keys(order_id)
-        self.driver.find_element(By.CSS_SELECTOR, "#order-form button[type=submit]").click()
+        def ask() -> bool:
+            field = self.driver.find_element(By.ID, "order-input")
+            field.clear()
+            field.send_keys(order_id)
+            self.driver.find_element(By.CSS_SELECTOR, "#order-form button[type=submit]").click()
+            return True
+
+        self.until(ask, f"asking for {order_id}'s timeline")
 
     def steps(self) -> dict[tuple[str, str], dict[str, str]]:
         """The timeline's step table: (step, kind) -> column -> text."""
@@ -146,13 +158,15 @@ def test_the_operator_page_in_a_browser(stack, browser):
     page.until(lambda: page.counts(Processed=2, Compensated=1, Error=1, Pending=0, Processing=0), "the counts")
     page.until(lambda: page.listed("error-orders") == ["o-e"] and page.listed("compensated-orders") == ["o-c"],
                "the Error and Compensated lists")
-    assert "no sign-in" in browser.find_element(By.ID, "who").text
-    assert "refused" in page.row("error-orders", "o-e").text  # its last error
-    assert "ship" in page.row("compensated-orders", "o-c").text
+    assert "no sign-in" in page.read(lambda: browser.find_element(By.ID, "who").text)
+    assert "refused" in page.read(lambda: page.row("error-orders", "o-e").text)  # its last error
+    assert "ship" in page.read(lambda: page.row("compensated-orders", "o-c").text)
     # The operator (no auth locally: everyone) gets a resubmit button on the Error order only.
-    assert page.row("error-orders", "o-e").find_elements(By.CSS_SELECTOR, "button.resubmit")
-    assert not page.row("compensated-orders", "o-c").find_elements(By.CSS_SELECTOR, "button.resubmit")
-    assert browser.find_elements(By.CSS_SELECTOR, "#chart canvas"), "no chart drawn"
+    assert page.read(lambda: page.row("error-orders", "o-e").find_elements(By.CSS_SELECTOR, "button.resubmit"))
+    assert not page.read(
+        lambda: page.row("compensated-orders", "o-c").find_elements(By.CSS_SELECTOR, "button.resubmit")
+    )
+    assert page.read(lambda: browser.find_elements(By.CSS_SELECTOR, "#chart canvas")), "no chart drawn"
     page.screenshot("counts-and-lists")
 
     # One order's timeline, from its trace: every step with its attempt and host.
@@ -161,24 +175,25 @@ def test_the_operator_page_in_a_browser(stack, browser):
     page.until(lambda: {s["name"] for s in page.spans()} >= {"order.submit", "order.claim", "agent.run",
                                                              "POST /reserve", "POST /ship", "order.close"},
                "o-p1's spans")
-    steps = page.steps()
+    steps = page.read(page.steps)
     assert [(key, row["state"]) for key, row in steps.items()] == [
         (("reserve", "action"), "Done"), (("charge", "action"), "Done"), (("ship", "action"), "Done"),
     ]
     for row in steps.values():
         assert (row["attempts"], row["calls"], row["hosts"]) == ("1", "1", instance[:8]), row
-    claims = [(s["step"], s["attempt"], s["host"]) for s in page.spans() if s["name"] == "order.claim"]
+    claims = [(s["step"], s["attempt"], s["host"]) for s in page.read(page.spans) if s["name"] == "order.claim"]
     # "#n" is the order's attempt counter (the fencing token): one more per claim.
     assert claims == [("reserve", "1", instance[:8]), ("charge", "2", instance[:8]), ("ship", "3", instance[:8])]
-    assert "Processed" in browser.find_element(By.ID, "timeline-state").text
-    assert re.search(r"\d+ spans in 1 trace", browser.find_element(By.ID, "timeline-summary").text)
+    assert "Processed" in page.read(lambda: browser.find_element(By.ID, "timeline-state").text)
+    assert re.search(r"\d+ spans in 1 trace", page.read(lambda: browser.find_element(By.ID, "timeline-summary").text))
     page.screenshot("timeline-processed")
 
     # The Compensated order's timeline, opened from its list: the undos, newest first.
-    page.row("compensated-orders", "o-c").find_element(By.CSS_SELECTOR, "button.show-timeline").click()
+    page.click(lambda: page.row("compensated-orders", "o-c").find_element(By.CSS_SELECTOR, "button.show-timeline"),
+               "o-c's timeline button")
     page.until(lambda: ("charge", "compensation") in page.steps() and "POST /release" in {
         s["name"] for s in page.spans()}, "o-c's compensations")
-    compensated = page.steps()
+    compensated = page.read(page.steps)
     assert compensated[("ship", "action")]["state"] == "Refused"
     assert [key for key in compensated if key[1] == "compensation"] == [("charge", "compensation"),
                                                                          ("reserve", "compensation")]
@@ -188,7 +203,8 @@ def test_the_operator_page_in_a_browser(stack, browser):
     # The operator fixes the cause (inventory takes the release now) and resubmits from the
     # page: the order leaves Error and ends Compensated, its release done.
     stack.remote.set_faults(service="inventory", script=None)
-    page.row("error-orders", "o-e").find_element(By.CSS_SELECTOR, "button.resubmit").click()
+    page.click(lambda: page.row("error-orders", "o-e").find_element(By.CSS_SELECTOR, "button.resubmit"),
+               "o-e's resubmit button")
     page.until(lambda: page.listed("error-orders") == [] and "o-e" in page.listed("compensated-orders"),
                "o-e to move from Error to Compensated")
     page.until(lambda: page.counts(Processed=2, Compensated=2, Error=0), "the counts after the resubmit")
@@ -197,8 +213,8 @@ def test_the_operator_page_in_a_browser(stack, browser):
                and page.steps().get(("reserve", "compensation"), {}).get("state") == "Done"
                and {"order.resubmit", "POST /release"} <= {s["name"] for s in page.spans()},
                "o-e's timeline with the resubmit and its release done")
-    assert re.search(r"\d+ spans in 1 trace", browser.find_element(By.ID, "timeline-summary").text)
+    assert re.search(r"\d+ spans in 1 trace", page.read(lambda: browser.find_element(By.ID, "timeline-summary").text))
     assert stack.wait_closed(["o-e"], timeout=30)["o-e"].process_state is ProcessState.COMPENSATED
     page.screenshot("after-resubmit")
-    assert browser.find_element(By.ID, "problem").text == ""
+    assert page.read(lambda: browser.find_element(By.ID, "problem").text) == ""
     stack.assert_remote_clean()
