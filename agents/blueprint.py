@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import azure.functions as func
@@ -56,9 +57,15 @@ class AgentRuntime:
         return self.clients[remote]
 
 
+#: Publishes breaker changes one at a time, in the order they happened (a change to
+#: half-open and the close that follows come milliseconds apart: in parallel, the older
+#: write could land last and leave a stale state published).
+_publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="breaker-publish")
+
+
 def _breaker_changed(remote: str, state: BreakerState) -> None:
     """Count the change, and publish it for ``ordersctl breakers`` (one table write, off
-    the event loop; a failed write is logged, the breaker goes on regardless)."""
+    the event loop, in order; a failed write is logged, the breaker goes on regardless)."""
     telemetry.breaker_changed(remote, state)
     s = services()
     store, instance, at = s.store, s.instance, utcnow()
@@ -69,10 +76,7 @@ def _breaker_changed(remote: str, state: BreakerState) -> None:
         except Exception:  # noqa: BLE001 - publishing is for operators; the agent goes on
             log.warning("could not publish the %s breaker's state %s", remote, state.value, exc_info=True)
 
-    try:
-        asyncio.get_running_loop().run_in_executor(None, publish)
-    except RuntimeError:  # no loop running here: write now
-        publish()
+    _publisher.submit(publish)
 
 
 _runtimes: dict[asyncio.AbstractEventLoop, AgentRuntime] = {}
