@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 #: Status codes worth another try: timeout, throttling, and server-side failures.
 TRANSIENT_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
 #: A call with less time than this left is not started: it could not finish.
-MIN_CALL_SECONDS = 0.05
+MIN_CALL_SECONDS = 0.2
 
 
 class RemoteError(Exception):
@@ -228,6 +228,12 @@ class RemoteClient:
             await asyncio.wait_for(self._bulkhead().acquire(), timeout=max(0.0, time_left() - MIN_CALL_SECONDS))
         except asyncio.TimeoutError as error:
             raise DeadlineReached("no free call slot before complete-by") from error
+        # The wait for the slot took time: send only with enough of it left, and no longer.
+        left = time_left()
+        if left < MIN_CALL_SECONDS:
+            self._bulkhead().release()
+            raise DeadlineReached("complete-by reached while waiting for a call slot")
+        timeout = min(timeout, left)
         try:
             with telemetry.client_span(
                 names.SPAN_HTTP.format(method=method, route=route),

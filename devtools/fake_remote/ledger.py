@@ -27,9 +27,13 @@ from typing import Any
 from devtools.fake_remote.catalog import ACTION, COMPENSATION, Service
 from devtools.fake_remote.faults import FAULT_KINDS, FaultConfigError, FaultPlan, split_script_key
 
-#: A call is counted ``late`` when it arrives more than this after its ``Complete-By``:
-#: the caller's and the fake's clocks are read at slightly different moments.
-LATE_TOLERANCE_SECONDS = 0.05
+#: A call is counted ``late`` when it arrives more than this after its ``Complete-By``.
+#: "Arrives" is when the fake's handler thread reads the request: in the tests the fake
+#: shares a process (and its GIL) with the test driver, and with two pytest workers on two
+#: cores that thread was seen to read a request sent in time 0.6-0.7 s late (the caller's
+#: own timeout had already ended it). The agents' guard itself (no call started with less
+#: than 0.2 s left) is tested to the millisecond in tests/integration/test_agent.py.
+LATE_TOLERANCE_SECONDS = 1.0
 
 #: The settings a fault configuration may change, besides the script and the rates.
 SETTING_NAMES = ("seed", "slow_seconds", "retry_after_seconds", "apply_seconds")

@@ -10,7 +10,7 @@ from tests.fake_remote.client import call, reserve
 
 def test_a_call_after_its_complete_by_is_served_and_counted_late(fake_remote):
     response = call(fake_remote.url, "o-1", "k", service="payments", action="charge",
-                    complete_by=datetime.now(UTC) - timedelta(seconds=1))  # fmt: skip
+                    complete_by=datetime.now(UTC) - timedelta(seconds=3))  # fmt: skip
 
     assert response.status_code == 200  # served as usual
     effects = fake_remote.effects()
@@ -20,7 +20,7 @@ def test_a_call_after_its_complete_by_is_served_and_counted_late(fake_remote):
 
 
 def test_calls_in_time_or_within_the_clock_tolerance_are_not_late(fake_remote):
-    assert LATE_TOLERANCE_SECONDS == 0.05
+    assert LATE_TOLERANCE_SECONDS == 1.0
     reserve(fake_remote.url, "o-1", "k-1", complete_by=datetime.now(UTC) + timedelta(seconds=5))
     # Complete-By just now: the call arrives a few ms after it, inside the tolerance.
     reserve(fake_remote.url, "o-2", "k-2", complete_by=datetime.now(UTC) + timedelta(milliseconds=20))
@@ -30,7 +30,7 @@ def test_calls_in_time_or_within_the_clock_tolerance_are_not_late(fake_remote):
 
 def test_late_calls_are_counted_whatever_their_outcome(fake_remote):
     fake_remote.set_faults(script={"o-1": ["transient"]})
-    past = datetime.now(UTC) - timedelta(seconds=2)
+    past = datetime.now(UTC) - timedelta(seconds=3)
     assert reserve(fake_remote.url, "o-1", "k-1", complete_by=past).status_code == 503
     assert reserve(fake_remote.url, "o-2", None, complete_by=past).status_code == 400
     assert call(fake_remote.url, "o-3", "k-3", action="release", complete_by=past).status_code == 200
@@ -40,6 +40,6 @@ def test_late_calls_are_counted_whatever_their_outcome(fake_remote):
 
 
 def test_reset_clears_late_counts(fake_remote):
-    reserve(fake_remote.url, "o-1", "k-1", complete_by=datetime.now(UTC) - timedelta(seconds=1))
+    reserve(fake_remote.url, "o-1", "k-1", complete_by=datetime.now(UTC) - timedelta(seconds=3))
     fake_remote.reset()
     assert fake_remote.effects()["late"] == 0
