@@ -48,6 +48,7 @@ import logging
 import re
 import socketserver
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -364,6 +365,9 @@ class HttpServer:
         self._routes: list[_Route] = []
         self._stopping = threading.Event()
         self.serving = threading.Event()
+        #: Requests between their first byte read and their reply's last byte written.
+        self._replying = 0
+        self._replied = threading.Condition()
         handler = type("Handler", (_Handler,), {"owner": self})
         self._server = _ThreadingServer((LOOPBACK, port), handler)  # OSError when the port is taken
         self.port = self._server.server_address[1]
@@ -389,6 +393,19 @@ class HttpServer:
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
+
+    def replying(self, delta: int) -> None:
+        with self._replied:
+            self._replying += delta
+            self._replied.notify_all()
+
+    def wait_replied(self, timeout: float) -> bool:
+        """Wait until every request taken has its reply written (a stop drains replies too)."""
+        deadline = time.monotonic() + timeout
+        with self._replied:
+            while self._replying and (left := deadline - time.monotonic()) > 0:
+                self._replied.wait(min(0.5, left))
+            return not self._replying
 
     def stop_accepting(self) -> None:
         """No new connections (nor requests on open ones); requests in flight go on."""
@@ -427,6 +444,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         super().handle_one_request()
 
     def _any(self) -> None:
+        self.owner.replying(+1)
+        try:
+            self._reply()
+        finally:
+            self.owner.replying(-1)
+
+    def _reply(self) -> None:
         try:
             reply = self._dispatch()
         except Exception:  # a bug of this host, never the function's (its failures are invocations)
@@ -442,6 +466,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD" and reply.body:
             self.wfile.write(reply.body)
+        self.wfile.flush()
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_TRACE = _any
 
@@ -573,6 +598,8 @@ class HttpTriggerListener(Listener):
         with self._idle:
             while self._in_flight and self.remaining() > 0:
                 self._idle.wait(min(0.5, self.remaining()))
+        # A function that returned still has its reply to write: wait for that too.
+        self.server.wait_replied(max(0.0, self.remaining()))
         if self._in_flight:
             log.warning("%s: %d request(s) still running at the shutdown deadline", self.name, self._in_flight)
 
