@@ -30,7 +30,7 @@ from typing import Any
 
 from adapters import traces
 from adapters.store import OrderNotFound, StateStore
-from api.orders import BadRequest, Reply, order_id_of, refused
+from api.orders import BadRequest, Reply, order_id_of, only, refused, whole_number
 from core import access
 from core.models import ProcessState, utcnow
 
@@ -98,19 +98,8 @@ def me(mode: access.ApiAuth, headers: Mapping[str, str]) -> Reply:
 
 
 def _hours(params: Mapping[str, str]) -> int:
-    unknown = sorted(set(params) - set(COUNTS_PARAMETERS))
-    if unknown:
-        raise BadRequest(f"unknown query parameter {unknown[0]!r} (known: {', '.join(COUNTS_PARAMETERS)})")
-    value = params.get("hours")
-    if value is None:
-        return DEFAULT_HOURS
-    try:
-        hours = int(value)
-    except ValueError:
-        hours = 0
-    if not 1 <= hours <= MAX_HOURS:
-        raise BadRequest(f"hours {value!r} is not a whole number from 1 to {MAX_HOURS}")
-    return hours
+    only(params, COUNTS_PARAMETERS)
+    return whole_number("hours", params.get("hours"), default=DEFAULT_HOURS, most=MAX_HOURS)
 
 
 def bucket_seconds(hours: int) -> int:

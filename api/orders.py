@@ -131,16 +131,24 @@ def _state(value: str | None) -> ProcessState:
     raise BadRequest(f"state {value!r} is not one of {known}")
 
 
-def _limit(value: str | None) -> int:
+def only(params: Mapping[str, str], known) -> None:
+    """Refuse a query parameter the endpoint does not know (a typo would otherwise be ignored)."""
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise BadRequest(f"unknown query parameter {unknown[0]!r} (known: {', '.join(known)})")
+
+
+def whole_number(name: str, value: str | None, *, default: int, most: int) -> int:
+    """A query parameter that must be a whole number from 1 to ``most`` (``default`` if absent)."""
     if value is None:
-        return DEFAULT_LIMIT
+        return default
     try:
-        limit = int(value)
+        number = int(value)
     except ValueError:
-        limit = 0
-    if not 1 <= limit <= MAX_LIMIT:
-        raise BadRequest(f"limit {value!r} is not a whole number from 1 to {MAX_LIMIT}")
-    return limit
+        number = 0
+    if not 1 <= number <= most:
+        raise BadRequest(f"{name} {value!r} is not a whole number from 1 to {most}")
+    return number
 
 
 def continuation_token(order_id: str) -> str:
@@ -162,10 +170,9 @@ def list_orders(params: Mapping[str, str], *, store: StateStore) -> Reply:
     """``GET /api/orders?state=Error&limit=50&continuation=...``: one page of the orders in
     a state, in order-id order; ``continuation`` in the reply asks for the next page (null
     on the last)."""
-    unknown = sorted(set(params) - set(LIST_PARAMETERS))
-    if unknown:
-        raise BadRequest(f"unknown query parameter {unknown[0]!r} (known: {', '.join(LIST_PARAMETERS)})")
-    state, limit, after = _state(params.get("state")), _limit(params.get("limit")), _after(params.get("continuation"))
+    only(params, LIST_PARAMETERS)
+    state, after = _state(params.get("state")), _after(params.get("continuation"))
+    limit = whole_number("limit", params.get("limit"), default=DEFAULT_LIMIT, most=MAX_LIMIT)
     page, last = store.page_by_state(state, limit=limit, after=after)
     return Reply(
         200,
