@@ -30,7 +30,7 @@ from typing import Any
 
 from adapters import traces
 from adapters.store import OrderNotFound, StateStore
-from api.orders import BadRequest, Reply, order_id_of, only, refused, whole_number
+from api.orders import Reply, order_id_of, only, refused, whole_number
 from core import access
 from core.models import ProcessState, utcnow
 
