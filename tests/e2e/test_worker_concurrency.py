@@ -4,14 +4,12 @@ The real Python worker runs every sync function on one shared pool of
 ``min(32, cores + 4)`` threads (tools/funchost/README.md). A sync agent holds one of
 them for its whole call, so with a slow remote service requests wait in the worker
 until they arrive past complete-by and are dropped. The app's agents are async: on the
-same pool, with the same slow service, nothing is dropped. The sync variant
-(benchmarks/sync_agents.py, the agents as they were) is expected to fail this test:
-strict, so the day it passes the test says the reproduction is gone.
+same pool, with the same slow service, nothing is dropped. The same load on the sync
+variant (benchmarks/sync_agents.py, the agents as they were) must drop requests: the day
+it does not, the reproduction is gone.
 """
 
 from __future__ import annotations
-
-import pytest
 
 from benchmarks import sync_agents
 from core.models import ProcessState
@@ -25,19 +23,10 @@ WORKER_THREADS = min(32, 2 + 4)
 DROPPED = ("arrived past complete-by", "no result before complete-by")
 
 
-@pytest.mark.parametrize(
-    "agents",
-    [
-        "async",
-        pytest.param(
-            "sync",
-            marks=pytest.mark.xfail(strict=True, reason="sync agents hold the worker's threads: requests arrive late"),
-        ),
-    ],
-)
-def test_with_the_workers_default_pool_and_a_slow_remote_no_request_is_dropped(stack, tmp_path, agents):
+def slow_remote_run(stack, app_dir=None):
+    """30 reserves of 2 s on one host with the worker's default pool: the host, the order
+    ids, and how many requests its agents dropped once every order finished or one was dropped."""
     stack.remote.set_faults(service="inventory", apply_seconds=2)  # every reserve takes 2 s
-    app_dir = sync_agents.write_app(tmp_path / "sync-app") if agents == "sync" else None
     (host,) = stack.start_hosts(
         app_dir=app_dir,
         PYTHON_THREADPOOL_THREAD_COUNT=str(WORKER_THREADS),
@@ -60,7 +49,18 @@ def test_with_the_workers_default_pool_and_a_slow_remote_no_request_is_dropped(s
         return all(s is not None and s.process_state.terminal for s in states.values())
 
     wait_until(settled, timeout=90, what="every order to finish, or a request to be dropped", interval=1.0)
-    assert dropped() == 0, f"{dropped()} request(s) dropped past complete-by with {host.sync_threads} worker threads"
+    return host, ids, dropped()
+
+
+def test_async_agents_on_the_workers_default_pool_drop_nothing_with_a_slow_remote(stack):
+    host, ids, dropped = slow_remote_run(stack)
+    assert dropped == 0, f"{dropped} request(s) dropped past complete-by with {host.sync_threads} worker threads"
     states = stack.wait_closed(ids, timeout=30)
     assert {s.process_state for s in states.values()} == {ProcessState.PROCESSED}
     assert all(line.failure_count == 0 for order_id in ids for line in stack.lines(order_id).values())
+
+
+def test_sync_agents_on_the_same_pool_drop_requests_past_complete_by(stack, tmp_path):
+    host, _, dropped = slow_remote_run(stack, sync_agents.write_app(tmp_path / "sync-app"))
+    assert host.sync_threads == WORKER_THREADS
+    assert dropped > 0, "the sync agents kept up: the pool limit is no longer reproduced"
