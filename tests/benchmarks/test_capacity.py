@@ -230,3 +230,12 @@ def test_a_bad_shape_is_refused_with_a_clear_error(capsys, shape, message):
 def test_a_missing_operations_file_says_how_to_make_it(tmp_path, capsys):
     assert capacity.main(["--orders-per-second", "10", "--operations", str(tmp_path / "none.json")]) == 2
     assert "--phases ops" in capsys.readouterr().err
+
+
+def test_docs_scale_shows_what_the_model_gives_now(operations, counts, limits):
+    """docs/scale.md's tables are generated (`--update-docs`), never typed: they match the files."""
+    doc = capacity.SCALE_DOC.read_text(encoding="utf-8")
+    begin, end = doc.index(capacity.DOC_BEGIN) + len(capacity.DOC_BEGIN), doc.index(capacity.DOC_END)
+    assert doc[begin:end].strip() == capacity.markdown(counts, limits, operations).strip(), (
+        "run `python -m benchmarks.capacity --update-docs`")
+    assert capacity.COST_CHART.exists()
