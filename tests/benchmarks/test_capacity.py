@@ -154,7 +154,9 @@ def test_the_cheapest_shape_costs_no_more_than_any_shape_that_holds(counts, limi
                   Shape(serviceBusSku="Standard", maximumInstanceCount=400, stamps=20)):
         other = capacity.evaluate(1000, shape, counts, limits)
         if other.holds(capacity.MAX_UTILISATION):
-            assert best.cost_per_million_orders_usd["total"] <= other.cost_per_million_orders_usd["total"] + 1e-9
+            # Fewer stamps are preferred unless more stamps save the tolerance.
+            slack = 1 + capacity.STAMP_TOLERANCE if shape.stamps > best.shape.stamps else 1
+            assert best.cost_per_million_orders_usd["total"] <= other.cost_per_million_orders_usd["total"] * slack
 
 
 def test_costs_add_up(counts, limits):
