@@ -225,16 +225,25 @@ def counts(data: dict, steps: int | None = None, *, io_ms: float = IO_MS, remote
     more for an agent's remote call. The durations the bench logged are not used: the
     ops phase sends its orders at once, so they measure the queueing inside a host sharing
     two cores with the servers, not an instance's."""
+    if steps is not None and steps < 1:
+        raise CapacityError(f"--steps must be at least 1, not {steps}")
+    try:
+        return _counts(data, steps, io_ms, remote_ms)
+    except (KeyError, TypeError, ZeroDivisionError) as error:
+        raise CapacityError(f"the operations file does not hold what the bench writes ({type(error).__name__}: "
+                            f"{error}); write it again with `make bench BENCH_ARGS=\"--phases ops\"`") from error
+
+
+def _counts(data: dict, steps: int | None, io_ms: float, remote_ms: float) -> Counts:
     measured = data["steps_per_order"]
     k = measured if steps is None else steps
-    if k < 1:
-        raise CapacityError(f"--steps must be at least 1, not {k}")
     step, fixed = data["per_step"], data["fixed"]
     index = sum(v["entities_written"] for role, v in data["table_by_role"].items()
                 if role in (azurite_log.INDEX_UPSERT, azurite_log.INDEX_DELETE))
     sb_step, sb_fixed = step["servicebus"], fixed["servicebus"]
     sizes = data["payload_bytes"]
-    # Each message is sent once and delivered once (in and out of the namespace).
+    # Each message goes in once (sent) and out once (delivered): the orders message once per
+    # order, a request and a response per step (half the step's sends each).
     sb_bytes = 2 * (sb_fixed["sends"] * sizes["orders_message"]
                     + k * (sizes["request_message"] + sizes["response_message"]) * sb_step["sends"] / 2)
     exec_fixed, exec_step = fixed["executions"]["total"], step["executions"]["total"]
@@ -248,7 +257,7 @@ def counts(data: dict, steps: int | None = None, *, io_ms: float = IO_MS, remote
         table_entities=fixed["table"]["entities_written"] + k * step["table"]["entities_written"],
         index_entities=index,
         queue_operations=fixed["queue"]["total"],
-        queue_sends=fixed["queue"]["by_operation"].get("queue send", 0.0),
+        queue_sends=fixed["queue"]["by_operation"].get(azurite_log.FRIENDLY["Messages_Enqueue"], 0.0),
         sb_sends=sb_fixed["sends"] + k * sb_step["sends"],
         sb_deliveries=sb_fixed["deliveries"] + k * sb_step["deliveries"],
         sb_completes=sb_fixed["completes"] + k * sb_step["completes"],

@@ -229,9 +229,13 @@ def test_a_bad_shape_is_refused_with_a_clear_error(capsys, shape, message):
     assert message in capsys.readouterr().err
 
 
-def test_a_missing_operations_file_says_how_to_make_it(tmp_path, capsys):
+def test_a_missing_or_foreign_operations_file_says_how_to_make_it(tmp_path, capsys):
     assert capacity.main(["--orders-per-second", "10", "--operations", str(tmp_path / "none.json")]) == 2
     assert "--phases ops" in capsys.readouterr().err
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps({"steps_per_order": 3}))
+    assert capacity.main(["--orders-per-second", "10", "--operations", str(foreign)]) == 2
+    assert "does not hold what the bench writes" in capsys.readouterr().err
 
 
 def test_docs_scale_shows_what_the_model_gives_now(operations, counts, limits):
