@@ -245,3 +245,16 @@ def test_docs_scale_shows_what_the_model_gives_now(operations, counts, limits):
     assert doc[begin:end].strip() == capacity.markdown(counts, limits, operations).strip(), (
         "run `python -m benchmarks.capacity --update-docs`")
     assert capacity.COST_CHART.exists()
+
+
+def test_the_ceiling_of_one_stamp_is_where_its_first_resource_reaches_the_share(counts, limits):
+    rates = capacity.ceiling(Shape(), counts, limits)
+    first, rate = next(iter(rates.items()))
+    assert first == "servicebus.namespace", "a Standard namespace fills first"
+    assert list(rates.values()) == sorted(rates.values())
+    at = capacity.evaluate(rate, Shape(), counts, limits)
+    assert at.utilisation[first] == pytest.approx(capacity.MAX_UTILISATION)
+    assert at.bottleneck == first
+    assert "table.partition.order" not in rates, "an order's partition does not fill with the load"
+    largest = capacity.ceiling(capacity.LARGEST, counts, limits)
+    assert next(iter(largest.values())) > rate
