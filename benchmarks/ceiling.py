@@ -190,7 +190,8 @@ class _Payloads:
 
         now = utcnow()
         etag = 'W/"datetime\'2026-01-01T00%3A00%3A00.0000000Z\'"'
-        order = OrderRequest.model_validate_json(order_body("bench-000000", 3))
+        self.order_message = order_body("bench-000000", 3)
+        order = OrderRequest.model_validate_json(self.order_message)
         state = lifecycle.new_order(order.order_id, CURRENT, now, timedelta(seconds=30), None).model_copy(
             update={"etag": etag}
         )
@@ -218,6 +219,7 @@ class _Payloads:
             order_id=order.order_id, step=first.name, kind=claimed.kind, attempt=claimed.attempt,
             outcome=Outcome.SUCCEEDED, result=result, context=context,
         )
+        self.response = response.model_dump_json()
         step = lifecycle.complete(claimed, response, CURRENT, "benchhost-12345-abcdef", done_at, defaults)
         assert step is not None and step.lines
         self.step_changes = _changes(claimed, step.state)
@@ -234,6 +236,24 @@ class _Payloads:
                                backoff_max=policy.agent_backoff_max),
             context=Context(fence=step.state, order=order.model_dump(mode="json"), results={first.name: result}),
         ).model_dump_json()
+
+
+def payload_bytes(defaults) -> dict[str, int]:
+    """Bytes of the app's message bodies and rows, of their real shapes (see :class:`_Payloads`):
+    what a Service Bus Premium namespace's throughput per messaging unit is measured in."""
+    p = _Payloads(defaults)
+
+    def size(body: str | bytes) -> int:
+        return len(body if isinstance(body, bytes) else body.encode())
+
+    return {
+        "orders_message": size(p.order_message),
+        "request_message": size(p.request),
+        "response_message": size(p.response),
+        "nudge": size(p.nudge),
+        "state_row": size(json.dumps(p.state_row, default=str)),
+        "step_row": size(json.dumps(p.step_row, default=str)),
+    }
 
 
 def _split(total: int, parts: int) -> list[int]:

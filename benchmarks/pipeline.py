@@ -193,22 +193,28 @@ _EXECUTED = re.compile(r"Executed 'Functions\.([^']+)' \((?:Succeeded|Failed), I
 AGENT_FUNCTIONS = frozenset(names.agent_function(remote) for remote in remotes())
 
 
-def slow_invocations(logs: list[Path], offsets: list[int], threshold_ms: int = 5000) -> tuple[Counter[str], int]:
-    """Invocations logged after ``offsets`` that took ``threshold_ms`` or more, by function, and the slowest (ms)."""
-    slow: Counter[str] = Counter()
-    slowest = 0
+def invocations(logs: list[Path], offsets: list[int]) -> dict[str, list[int]]:
+    """The durations (ms) of the invocations logged after ``offsets``, by function."""
+    durations: dict[str, list[int]] = {}
     for path, offset in zip(logs, offsets):
         with open(path, "rb") as handle:
             handle.seek(offset)
             text = handle.read().decode("utf-8", "replace")
         for match in _EXECUTED.finditer(text):
-            if match[1] in AGENT_FUNCTIONS:
-                continue  # the agent's duration is the remote service's
-            duration = int(match[2])
-            slowest = max(slowest, duration)
-            if duration >= threshold_ms:
-                slow[match[1]] += 1
-    return slow, slowest
+            durations.setdefault(match[1], []).append(int(match[2]))
+    return durations
+
+
+def slow_invocations(logs: list[Path], offsets: list[int], threshold_ms: int = 5000) -> tuple[Counter[str], int]:
+    """Invocations logged after ``offsets`` that took ``threshold_ms`` or more, by function, and the slowest (ms)."""
+    slow: Counter[str] = Counter()
+    slowest = 0
+    for function, durations in invocations(logs, offsets).items():
+        if function in AGENT_FUNCTIONS:
+            continue  # the agent's duration is the remote service's
+        slowest = max([slowest, *durations])
+        slow[function] += sum(1 for duration in durations if duration >= threshold_ms)
+    return +slow, slowest
 
 
 def warm_up(stack: BenchStack, sender: OrderSender, prefix: str, count: int = 20, timeout: float = 60) -> None:

@@ -29,10 +29,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from adapters.store import StateStore
-from benchmarks import azurite_log, ceiling, pipeline, recovery, resilience, sync_agents
+from benchmarks import azurite_log, capacity, ceiling, pipeline, recovery, resilience, sync_agents
 from benchmarks.azurite_log import FRIENDLY, AzuriteLog, service_of
 from benchmarks.machine import describe
-from benchmarks.procstat import OtherLoad
+from benchmarks.procstat import CpuMeter, OtherLoad
 from benchmarks.report import Report, Section, kept_sections, soak_section
 from benchmarks.stack import BenchStack, OrderSender
 from benchmarks.sweep import IN_FLIGHT, SweepBench
@@ -134,6 +134,8 @@ class Options:
     sweep_100k: bool = False
     out: Path | None = ROOT / "BENCHMARKS.md"
     json_out: Path | None = None
+    #: Where the ops phase writes the operation counts the capacity model reads (None: nowhere).
+    operations_out: Path | None = None
     keep_logs: bool = False
     plan: Plan = field(default_factory=Plan)
 
@@ -222,6 +224,8 @@ class Runner:
             self.options.out.write_text(text, encoding="utf-8")
         if self.options.json_out is not None:
             self.options.json_out.write_text(self.report.to_json(), encoding="utf-8")
+        if self.options.operations_out is not None and "operations" in self.results:
+            capacity.write_operations(self.options.operations_out, self.results["operations"])
         if self.options.keep_logs:
             self.console.print(f"logs kept in {self.logs}")
         else:
@@ -636,6 +640,10 @@ class Runner:
                              count * steps_per_order)
         sb_before = stack.sb_counts()
         effects_before = stack.remote.effects()["total"]
+        logs = list(stack.host_logs)
+        offsets = [path.stat().st_size for path in logs]
+        meter = CpuMeter(stack.pids)
+        meter.start()
         t1 = time.monotonic()
         sender.send([f"ops-{i:05d}" for i in range(count)])
         store = StateStore(stack.table())
@@ -647,9 +655,11 @@ class Runner:
         deadline = time.monotonic() + 10
         while pipeline.delta(stack.sb_counts(), sb_before).get(expected, 0) < steps and time.monotonic() < deadline:
             time.sleep(0.1)
+        cpu = meter.stop()
         end, t2 = log.mark(), time.monotonic()
         sb = pipeline.delta(stack.sb_counts(), sb_before)
         operations = log.since(idle_end, end)
+        invoked = pipeline.invocations(logs, offsets)
         window = t2 - t1
 
         def background(idle_count: int) -> float:
@@ -765,13 +775,31 @@ class Runner:
                        sum(n for k, n in sb.items() if k.startswith("frame.")) / count, "")
         section.figure("steps", "steps done (forward actions applied at the remotes)", steps, "",
                        note=f"{count} orders × {steps_per_order} steps = {count * steps_per_order}")
+        self.results["operations"] = capacity.operations_record(
+            machine=self.report.machine, options=self.options.words(), orders=count, steps=steps,
+            steps_per_order=steps_per_order,
+            table={"per_step": {"requests": per_step_requests / steps, "entities_written": per_step_writes / steps,
+                                "reads": step_reads},
+                   "fixed": {"requests": fixed_requests / count, "entities_written": fixed_writes / count},
+                   "by_role": {row[0]: {"part": "step" if row[1] == "per step" else "fixed", "requests": row[3],
+                                        "entities_written": row[4]} for row in role_rows}},
+            queue={FRIENDLY.get(op, op): net(n, idle.by_operation.get(op, 0)) / count
+                   for op, n in operations.by_operation.items() if service_of(op) == "queue"},
+            servicebus={"per_step": {k: totals["step"][k] / steps for k in columns},
+                        "fixed": {k: totals["fixed"][k] / count for k in columns}},
+            invocations=invoked,
+            cpu_seconds=cpu, payload_bytes=ceiling.payload_bytes(stack.settings_object().step_defaults()),
+            idle=self.results.get("idle"),
+        )
         section.intro = (
             f"{count} orders of {steps_per_order} steps with no faults through one host, counted at the servers: "
             "Azurite's debug log (one line per request; a transaction is one request, as it is one billed "
             "transaction in Azure) and the Service Bus emulator's own operation counters "
             "(tools/servicebus_emulator, --stats-stdin). A step's cost and the order's fixed part are counted "
             "apart: table requests by their role (the step's transaction, or the rest), Service Bus by queue "
-            "(the remotes' request queues and agent-responses, or orders)."
+            "(the remotes' request queues and agent-responses, or orders). The same counts, with the host's CPU "
+            "and the function executions per order, go to benchmarks/results/operations.json, which the capacity "
+            "and cost model reads (`python -m benchmarks.capacity`, docs/scale.md)."
         )
 
     # -- resilience (benchmarks/resilience.py): each phase on stacks of its own ----------------

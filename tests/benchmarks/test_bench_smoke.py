@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
 from rich.console import Console
 
 from benchmarks import azurite_log, ceiling
@@ -117,9 +118,9 @@ def test_ceiling_and_sweep_report_every_row(tmp_path):
 
 def test_app_phases_count_a_step_apart_from_the_order(tmp_path):
     """The quick path on the app and counted stacks: steps/s, step hops, operations per step."""
-    out = tmp_path / "BENCHMARKS.md"
+    out, counted = tmp_path / "BENCHMARKS.md", tmp_path / "operations.json"
     runner = Runner(
-        Options(phases=("latency", "pipeline", "idle", "ops"), out=out, plan=SMALL),
+        Options(phases=("latency", "pipeline", "idle", "ops"), out=out, operations_out=counted, plan=SMALL),
         Console(file=io.StringIO(), width=200),
     )
     report = runner.run()
@@ -142,6 +143,13 @@ def test_app_phases_count_a_step_apart_from_the_order(tmp_path):
     sb = {row[0]: row for row in next(t for t in ops.tables if t.title.startswith("Service Bus")).rows}
     assert sb["agent-responses"][1] == STEPS, "one response sent per step"
     assert "## Operations per step and per order" in out.read_text()
+    # The same counts, for the capacity model: a step's part apart from the order's fixed part.
+    operations = json.loads(counted.read_text())
+    assert (operations["orders"], operations["steps_per_order"]) == (SMALL.ops_orders, STEPS)
+    assert operations["per_step"]["servicebus"]["sends"] == 2
+    assert operations["per_step"]["table"]["requests"] == 1
+    assert operations["per_step"]["executions"]["total"] == pytest.approx(2), "an agent and complete_step per step"
+    assert operations["cpu_ms_per_order"]["host"] > 0
 
 
 def test_resilience_phases_report_every_figure(tmp_path):

@@ -1,0 +1,260 @@
+"""The capacity and cost model (benchmarks/capacity.py) on the operation counts the bench
+wrote (benchmarks/results/operations.json) and the limits table (benchmarks/azure_limits.json):
+pure arithmetic, no stack."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from benchmarks import azurite_log, capacity
+from benchmarks.capacity import CapacityError, Limits, Shape
+from core.workflow import CURRENT
+
+STEPS = len(CURRENT.steps)
+
+
+@pytest.fixture(scope="module")
+def operations() -> dict:
+    return json.loads(capacity.OPERATIONS_FILE.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def limits() -> Limits:
+    return Limits.load()
+
+
+@pytest.fixture(scope="module")
+def counts(operations):
+    return capacity.counts(operations)
+
+
+# --- the inputs -----------------------------------------------------------------------------
+
+
+def test_every_row_of_the_limits_table_names_its_source_and_the_day_it_was_read():
+    rows = json.loads(capacity.LIMITS_FILE.read_text(encoding="utf-8"))["rows"]
+    names = [row["name"] for row in rows]
+    assert len(names) == len(set(names)), "a fact is kept once"
+    for row in rows:
+        assert row["source"].startswith("https://"), row["name"]
+        assert row["read"] == "2026-11-24" or row.get("page_date"), row["name"]
+        for key in ("unit", "scope", "past_limit", "note"):
+            assert key in row, (row["name"], key)
+        if row["value"] is None:
+            assert "not found" in row["note"].lower(), f"{row['name']}: a missing price says so"
+
+
+def test_the_operations_file_is_the_benchs_count_of_the_current_workflow(operations):
+    assert operations["steps_per_order"] == STEPS
+    assert operations["orders"] > 0 and operations["date"]
+    step, fixed = operations["per_step"], operations["fixed"]
+    # One transaction of two entities per step; two Service Bus messages per step, each sent,
+    # delivered and completed; the orders message once per order.
+    assert step["table"]["requests"] == pytest.approx(1.0, abs=0.05)
+    assert step["table"]["entities_written"] == pytest.approx(2.0, abs=0.05)
+    assert {k: round(v, 2) for k, v in step["servicebus"].items() if k in ("sends", "deliveries", "completes")} == {
+        "sends": 2.0, "deliveries": 2.0, "completes": 2.0}
+    assert fixed["servicebus"]["sends"] == pytest.approx(1.0)
+    assert step["executions"]["total"] == pytest.approx(2.0, abs=0.05), "an agent and the step's recording"
+    assert fixed["executions"]["total"] >= 2.0, "the submission and the first claim at least"
+    assert operations["cpu_ms_per_order"]["host"] > 0
+    roles = operations["table_by_role"]
+    assert roles[azurite_log.INDEX_UPSERT]["entities_written"] == pytest.approx(1.0, abs=0.05)
+    assert roles[azurite_log.INDEX_DELETE]["entities_written"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_operations_record_tells_a_steps_executions_from_the_orders_fixed_part():
+    record = capacity.operations_record(
+        machine={"date": "2026-11-24 00:00 UTC", "cores": "2", "azure-core": "1.0"}, options={}, orders=10,
+        steps=30, steps_per_order=3,
+        table={"per_step": {"requests": 1.0, "entities_written": 2.0, "reads": 0.0},
+               "fixed": {"requests": 4.0, "entities_written": 5.0}, "by_role": {}},
+        queue={"queue send": 1.0, "queue receive": 0.25, "queue delete": 1.0},
+        servicebus={"per_step": {"sends": 2.0, "deliveries": 2.0, "completes": 2.0},
+                    "fixed": {"sends": 1.0, "deliveries": 1.0, "completes": 1.0}},
+        invocations={"run_inventory_agent": [5] * 10, "run_payments_agent": [5] * 10, "run_shipping_agent": [5] * 10,
+                     "complete_step": [3] * 30, "submit_order": [4] * 10, "schedule_order": [6] * 10,
+                     "supervise": [2]},
+        cpu_seconds={"host-1": 0.5, "azurite": 0.2, "servicebus": 0.1, "wall": 9.0},
+        payload_bytes={"orders_message": 100},
+    )
+    assert set(record["per_step"]["executions"]["by_function"]) == {
+        "run_inventory_agent", "run_payments_agent", "run_shipping_agent", "complete_step"}
+    assert record["per_step"]["executions"]["total"] == pytest.approx(2.0)
+    assert record["per_step"]["executions"]["ms"] == pytest.approx((3 * 10 * 5 + 30 * 3) / 30)
+    assert record["fixed"]["executions"]["total"] == pytest.approx(2.1)  # submit, schedule, one tick in 10 orders
+    assert record["fixed"]["queue"]["total"] == pytest.approx(2.25)
+    assert record["cpu_ms_per_order"]["host"] == pytest.approx(50.0)
+    assert record["versions"] == {"azure-core": "1.0"}
+
+
+def test_steps_scale_the_per_step_part_only(operations, counts):
+    five = capacity.counts(operations, 5)
+    step = operations["per_step"]
+    assert five.table_requests - counts.table_requests == pytest.approx(2 * step["table"]["requests"])
+    assert five.sb_credits - counts.sb_credits == pytest.approx(2 * (step["servicebus"]["sends"]
+                                                                   + step["servicebus"]["deliveries"]))
+    assert five.queue_operations == counts.queue_operations
+    assert five.index_entities == counts.index_entities
+    with pytest.raises(CapacityError):
+        capacity.counts(operations, 0)
+
+
+# --- the model ------------------------------------------------------------------------------
+
+
+def test_at_50_orders_per_second_on_standard_the_namespace_credits_saturate_first(counts, limits):
+    result = capacity.evaluate(50, Shape(serviceBusSku="Standard"), counts, limits)
+    assert result.bottleneck == "servicebus.namespace"
+    assert result.utilisation["servicebus.namespace"] == pytest.approx(50 * counts.sb_credits / 1000)
+    # Sends and deliveries of 7 messages: 14 credits, about 71 orders/s on one Standard namespace.
+    assert counts.sb_credits == pytest.approx(2 * (1 + 2 * STEPS), abs=0.1)
+    assert capacity.evaluate(80, Shape(), counts, limits).utilisation["servicebus.namespace"] > 1
+
+
+def test_the_active_index_shards_divide_the_hottest_partitions_load(counts, limits):
+    one = capacity.evaluate(1000, Shape(activeIndexShards=1, serviceBusSku="Premium", serviceBusCapacity=16),
+                            counts, limits)
+    sixteen = capacity.evaluate(1000, replace(one.shape, activeIndexShards=16), counts, limits)
+    shard = "table.partition.active_index_shard"
+    assert one.utilisation[shard] == pytest.approx(1000 * counts.index_entities / 2000)
+    assert sixteen.utilisation[shard] == pytest.approx(one.utilisation[shard] / 16)
+
+
+def test_a_separate_state_account_splits_the_requests(counts, limits):
+    shared = capacity.evaluate(500, Shape(), counts, limits)
+    split = capacity.evaluate(500, Shape(separateStateStorage=True), counts, limits)
+    assert shared.utilisation["storage.account"] == pytest.approx(
+        split.utilisation["storage.account.state"] + split.utilisation["storage.account.host"])
+    assert "storage.account" not in split.utilisation
+
+
+def test_a_cheapest_shape_holds_10000_orders_per_second(counts, limits):
+    result = capacity.cheapest(10_000, counts, limits)
+    assert result.holds(capacity.MAX_UTILISATION)
+    assert max(result.utilisation.values()) <= 1
+    assert result.shape.serviceBusSku == "Premium"
+    # Every stamp carries its share; the shape evaluated again gives the same figures.
+    again = capacity.evaluate(10_000, result.shape, counts, limits)
+    assert again.utilisation == result.utilisation
+    # One fewer stamp, all else equal, breaks some limit (the search did not over-provision).
+    if result.shape.stamps > 1:
+        fewer = capacity.evaluate(10_000, replace(result.shape, stamps=result.shape.stamps - 1), counts, limits)
+        assert not fewer.holds(capacity.MAX_UTILISATION)
+
+
+def test_the_cheapest_shape_costs_no_more_than_any_shape_that_holds(counts, limits):
+    best = capacity.cheapest(1000, counts, limits)
+    for shape in (Shape(serviceBusSku="Premium", serviceBusCapacity=16, maximumInstanceCount=1000, stamps=1),
+                  Shape(serviceBusSku="Premium", serviceBusCapacity=8, maximumInstanceCount=1000, stamps=2),
+                  Shape(serviceBusSku="Standard", maximumInstanceCount=400, stamps=20)):
+        other = capacity.evaluate(1000, shape, counts, limits)
+        if other.holds(capacity.MAX_UTILISATION):
+            # Fewer stamps are preferred unless more stamps save the tolerance.
+            slack = 1 + capacity.STAMP_TOLERANCE if shape.stamps > best.shape.stamps else 1
+            assert best.cost_per_million_orders_usd["total"] <= other.cost_per_million_orders_usd["total"] * slack
+
+
+def test_costs_add_up(counts, limits):
+    for rate, shape in ((50, Shape()), (1000, Shape(serviceBusSku="Premium", serviceBusCapacity=8))):
+        cost = capacity.evaluate(rate, shape, counts, limits).cost_per_million_orders_usd
+        assert set(cost) == {"functions", "servicebus", "tables", "queues", "total"}
+        assert cost["total"] == pytest.approx(sum(cost[s] for s in capacity.SERVICES))
+        assert all(cost[s] > 0 for s in capacity.SERVICES)
+    # By hand: Premium is a fixed price per messaging unit and hour, spread over the orders.
+    premium = capacity.evaluate(1000, Shape(serviceBusSku="Premium", serviceBusCapacity=8), counts, limits)
+    per_hour = limits["price.servicebus.premium.mu_per_hour"] * 8
+    assert premium.cost_per_million_orders_usd["servicebus"] == pytest.approx(per_hour / (1000 * 3600) * 1e6)
+    # Tables and queues are per operation: the same per order at any load.
+    small = capacity.evaluate(10, Shape(), counts, limits).cost_per_million_orders_usd
+    assert small["tables"] == pytest.approx(premium.cost_per_million_orders_usd["tables"])
+    assert small["queues"] == pytest.approx(counts.queue_operations * limits["price.queue.operations_per_10k"] * 100)
+
+
+def test_tiered_prices_are_charged_tier_by_tier():
+    tiers = [[13_000_000, 0.0], [100_000_000, 0.80], [2_500_000_000, 0.50], [None, 0.20]]
+    assert capacity._tiered(10_000_000, tiers) == 0
+    assert capacity._tiered(50_000_000, tiers) == pytest.approx(37 * 0.80)
+    assert capacity._tiered(3_000_000_000, tiers) == pytest.approx(87 * 0.80 + 2400 * 0.50 + 500 * 0.20)
+
+
+def test_peers_at_their_published_prices(limits):
+    p = capacity.peers(1000, limits, saga_seconds=1.0)
+    assert p["step_functions_standard"]["usd_per_million_orders"] == pytest.approx(3 * 25)
+    assert p["step_functions_express"]["usd_per_million_orders"] == pytest.approx(1 + 1e6 * 1.0 * 0.0625 * 0.00001667)
+    assert p["durable_task_scheduler"]["usd_per_million_orders"] is None, "no price found: none invented"
+    assert p["durable_task_scheduler"]["capacity_units"] == math.ceil(1000 * 7 / 2000)
+    # 4 actions per order; past 200M actions a month, the last published rate ($25/M) plus 10%.
+    assert p["temporal_cloud"]["usd_per_million_orders"] == pytest.approx(4 * 25 * 1.1, rel=0.01)
+
+
+# --- the command ----------------------------------------------------------------------------
+
+
+def test_json_output_has_the_agreed_keys(capsys):
+    assert capacity.main(["--orders-per-second", "50", "--shape", "serviceBusSku=Standard", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("orders_per_second", "shape", "bottleneck", "utilisation", "cost_per_million_orders_usd"):
+        assert key in out
+    assert out["orders_per_second"] == 50
+    assert out["bottleneck"] == "servicebus.namespace"
+    assert set(out["shape"]) >= {"serviceBusSku", "serviceBusCapacity", "serviceBusPartitions", "separateStateStorage",
+                                 "maximumInstanceCount", "instanceMemoryMB", "activeIndexShards"}
+    assert set(out["cost_per_million_orders_usd"]) == {"total", *capacity.SERVICES}
+
+
+def test_without_a_shape_it_prints_the_cheapest_and_steps_scale(capsys):
+    assert capacity.main(["--orders-per-second", "1000", "--steps", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["steps"] == 5
+    assert max(out["utilisation"].values()) <= capacity.MAX_UTILISATION
+
+
+@pytest.mark.parametrize("shape, message", [
+    ("serviceBusSku=Basic", "serviceBusSku"),
+    ("serviceBusCapacity=3", "serviceBusCapacity"),
+    ("serviceBusSku=Premium,serviceBusCapacity=2,serviceBusPartitions=4", "multiple of the partitions"),
+    ("instanceMemoryMB=1024", "instanceMemoryMB"),
+    ("maximumInstanceCount=5000", "at most 1000"),
+    ("activeIndexShards=zero", "whole number"),
+    ("separateStateStorage=yes", "true or false"),
+    ("noSuchParameter=1", "key=value pairs"),
+])
+def test_a_bad_shape_is_refused_with_a_clear_error(capsys, shape, message):
+    assert capacity.main(["--orders-per-second", "10", "--shape", shape]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_missing_or_foreign_operations_file_says_how_to_make_it(tmp_path, capsys):
+    assert capacity.main(["--orders-per-second", "10", "--operations", str(tmp_path / "none.json")]) == 2
+    assert "--phases ops" in capsys.readouterr().err
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps({"steps_per_order": 3}))
+    assert capacity.main(["--orders-per-second", "10", "--operations", str(foreign)]) == 2
+    assert "does not hold what the bench writes" in capsys.readouterr().err
+
+
+def test_docs_scale_shows_what_the_model_gives_now(operations, counts, limits):
+    """docs/scale.md's tables are generated (`--update-docs`), never typed: they match the files."""
+    doc = capacity.SCALE_DOC.read_text(encoding="utf-8")
+    begin, end = doc.index(capacity.DOC_BEGIN) + len(capacity.DOC_BEGIN), doc.index(capacity.DOC_END)
+    assert doc[begin:end].strip() == capacity.markdown(counts, limits, operations).strip(), (
+        "run `python -m benchmarks.capacity --update-docs`")
+    assert capacity.COST_CHART.exists()
+
+
+def test_the_ceiling_of_one_stamp_is_where_its_first_resource_reaches_the_share(counts, limits):
+    rates = capacity.ceiling(Shape(), counts, limits)
+    first, rate = next(iter(rates.items()))
+    assert first == "servicebus.namespace", "a Standard namespace fills first"
+    assert list(rates.values()) == sorted(rates.values())
+    at = capacity.evaluate(rate, Shape(), counts, limits)
+    assert at.utilisation[first] == pytest.approx(capacity.MAX_UTILISATION)
+    assert at.bottleneck == first
+    assert "table.partition.order" not in rates, "an order's partition does not fill with the load"
+    largest = capacity.ceiling(capacity.LARGEST, counts, limits)
+    assert next(iter(largest.values())) > rate
