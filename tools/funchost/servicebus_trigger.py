@@ -22,13 +22,16 @@ its delivery count runs out).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass
+
 from azure.functions.servicebus import ServiceBusMessage as FunctionMessage
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusReceiver
 from azure.servicebus.exceptions import ServiceBusCommunicationError, ServiceBusConnectionError, ServiceBusError
@@ -74,6 +77,28 @@ def _shown_id(message: ServiceBusReceivedMessage) -> str:
         return "?"
     text = value if isinstance(value, str) else repr(value)
     return text if len(text) <= 100 else text[:99] + "…"
+
+
+@contextlib.contextmanager
+def _hidden_from_settlement_tracing(message: ServiceBusReceivedMessage) -> Iterator[None]:
+    """Settle ``message`` without the SDK reading its application properties.
+
+    ``azure-servicebus`` (7.15, ``ServiceBusReceiver._settle_message_with_retry``) builds a
+    tracing link on every settlement, tracing on or off: ``get_span_link_from_message``
+    decodes the ``traceparent``, ``Diagnostic-Id`` and ``tracestate`` properties as ASCII and
+    catches only ``AttributeError``. Any client may put other text or bytes there; the
+    ``UnicodeDecodeError`` would then fail every settlement and the message would come back
+    after every lock expiry, though its function succeeded. Settling needs only the
+    delivery and its lock token, and the function already has its own copy of the
+    properties, so they are hidden from the SDK while it settles (the Functions host's .NET
+    client settles whatever the properties hold).
+    """
+    properties = message.application_properties
+    message.application_properties = None
+    try:
+        yield
+    finally:
+        message.application_properties = properties
 
 
 # --- the listener -------------------------------------------------------------------
@@ -309,14 +334,8 @@ class ServiceBusTriggerListener(Listener):
 
     def _settle(self, receiver: ServiceBusReceiver, delivery: _Delivery, outcome: _Outcome) -> None:
         try:
-            if outcome.action == "complete":
-                receiver.complete_message(delivery.message)
-            elif outcome.action == "dead-letter":
-                receiver.dead_letter_message(
-                    delivery.message, reason=outcome.reason, error_description=outcome.description
-                )
-            else:
-                receiver.abandon_message(delivery.message)
+            with _hidden_from_settlement_tracing(delivery.message):
+                self._settle_now(receiver, delivery, outcome)
         except (ServiceBusConnectionError, ServiceBusCommunicationError):
             raise
         except (ServiceBusError, ValueError) as error:
@@ -327,6 +346,15 @@ class ServiceBusTriggerListener(Listener):
                 _shown_id(delivery.message),
                 f"{type(error).__name__}: {error}",
             )
+
+    @staticmethod
+    def _settle_now(receiver: ServiceBusReceiver, delivery: _Delivery, outcome: _Outcome) -> None:
+        if outcome.action == "complete":
+            receiver.complete_message(delivery.message)
+        elif outcome.action == "dead-letter":
+            receiver.dead_letter_message(delivery.message, reason=outcome.reason, error_description=outcome.description)
+        else:
+            receiver.abandon_message(delivery.message)
 
     def _renew_locks(self, receiver: ServiceBusReceiver) -> None:
         now = time.monotonic()

@@ -259,6 +259,34 @@ def test_body_json_fields_join_the_binding_data_as_in_the_host(sb, servicebus_em
     assert all(i.succeeded for i in host.invocations("sb_record"))
 
 
+def test_trace_properties_of_any_text_never_stop_a_message_being_completed(sb, servicebus_emulator):
+    """The SDK's settlement reads ``traceparent``/``Diagnostic-Id``/``tracestate`` as ASCII for its
+    tracing links (``get_span_link_from_message``, called on every settlement): a value that is not
+    ASCII must not keep the host from completing the message, or it comes back after every lock expiry."""
+    host, queue, record_dir = sb
+    cases = {
+        "tracestate-non-ascii": {"tracestate": "vendor=ünïcödé"},
+        "diagnostic-id-non-ascii": {"Diagnostic-Id": "Ωmega|not-w3c"},
+        "traceparent-binary": {"traceparent": _typed("BINARY", b"\xff\xfe\x00\x80")},
+        "diagnostic-id-not-w3c": {"Diagnostic-Id": "|5e4b3a2c.1.", "tracestate": _typed("BINARY", b"\xc3\xa9")},
+    }
+    _send(
+        servicebus_emulator.connection_string,
+        queue,
+        *(_message(tag, message_id=tag, application_properties=properties) for tag, properties in cases.items()),
+    )
+
+    _seen(record_dir, list(cases))
+    # Completed on the first delivery (the queue's lock is 30 s: a failed settlement would leave them locked).
+    eventually(
+        lambda: servicebus_emulator.message_counts(queue) == {"active": 0, "dead_letter": 0, "scheduled": 0, "locked": 0},
+        what="every message to be completed",
+    )
+    assert sorted(r["body"] for r in records(record_dir, "sb_record", "start")) == sorted(cases)
+    assert all(i.succeeded for i in host.invocations("sb_record"))
+    assert "could not complete" not in host.log_text()
+
+
 def test_a_message_the_host_cannot_hand_over_is_dead_lettered_at_once_and_the_host_goes_on(
     sb, servicebus_emulator
 ):
