@@ -110,6 +110,15 @@ def bad_order_body(case: dict, order_id: str = "bad-order") -> bytes:
     return case["body"].replace("ORDER_ID", order_id).encode("utf-8", errors="surrogatepass")
 
 
+def bad_order_message(case: dict, order_id: str = "bad-order") -> ServiceBusMessage:
+    """A corpus case as a client following the README sends it: MessageId by the same rule
+    as a valid order's (:func:`core.models.message_id_for`), the case's content type."""
+    body = bad_order_body(case, order_id)
+    return ServiceBusMessage(
+        body, message_id=message_id_for(order_id, body), content_type=case.get("content_type", "application/json")
+    )
+
+
 # --- the odd-messages corpus -----------------------------------------------------------
 
 

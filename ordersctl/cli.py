@@ -97,14 +97,15 @@ def _parse_item(text: str) -> dict:
 @app.command("send-order")
 def send_order(
     file: Annotated[Path | None, typer.Option("--file", "-f", help="An order as JSON (see schemas/order.schema.json).")] = None,
-    order_id: Annotated[str | None, typer.Option(help="Order id (also the message id).")] = None,
+    order_id: Annotated[str | None, typer.Option(help="Order id (the message id is it + ':' + a hash of the body).")] = None,
     customer: Annotated[str | None, typer.Option(help="Customer id.")] = None,
     item: Annotated[list[str] | None, typer.Option(help="SKU:QUANTITY:UNIT_PRICE; repeat for more lines.")] = None,
     currency: Annotated[str, typer.Option(help="ISO 4217 currency.")] = "EUR",
     reply_to: Annotated[str | None, typer.Option("--reply-to", help="A queue to receive status events.")] = None,
     settings: SettingsFile = None,
 ) -> None:
-    """Validate an order against the model and send it to the orders queue."""
+    """Validate an order against the model and send it to the orders queue, with
+    MessageId = the order id + ':' + the first 16 hex digits of the body's SHA-256."""
     if file is not None:
         body = file.read_bytes()
     else:
