@@ -279,7 +279,8 @@ def test_trace_properties_of_any_text_never_stop_a_message_being_completed(sb, s
     _seen(record_dir, list(cases))
     # Completed on the first delivery (the queue's lock is 30 s: a failed settlement would leave them locked).
     eventually(
-        lambda: servicebus_emulator.message_counts(queue) == {"active": 0, "dead_letter": 0, "scheduled": 0, "locked": 0},
+        lambda: servicebus_emulator.message_counts(queue)
+        == {"active": 0, "dead_letter": 0, "scheduled": 0, "locked": 0},
         what="every message to be completed",
     )
     assert sorted(r["body"] for r in records(record_dir, "sb_record", "start")) == sorted(cases)
