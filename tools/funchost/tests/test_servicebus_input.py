@@ -11,12 +11,10 @@ host's conversion code (README.md, "What a Service Bus function receives").
 from __future__ import annotations
 
 import base64
-import contextlib
 import decimal
 import math
 import re
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -26,7 +24,7 @@ from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageProperties
 from tools.funchost.servicebus_message import BindingFailed, function_message
 from tools.funchost.servicebus_wire import DeliveryTap
 
-from .support import APP_DIR, eventually, host_env, receive, records
+from .support import APP_DIR, eventually, host_env, receive, records, rewritten_on_the_wire
 
 UUID_ID = uuid.UUID("0f8fad5b-d9cb-469f-a165-70867728950e")
 LONG_ID = 0x0102030405060708  # sent as an AMQP ulong, rewritten to a long
@@ -42,31 +40,6 @@ def _typed(kind: str, value):
 
 def _described(descriptor: bytes, value):
     return _typed("DESCRIBED", (_typed("SYMBOL", descriptor), value))
-
-
-@contextlib.contextmanager
-def rewritten_on_the_wire(*replacements: tuple[bytes, bytes]) -> Iterator[None]:
-    """While open, messages the Python SDK sends from this process have each ``old`` byte string
-    replaced by ``new`` (same length) once encoded: types its encoder cannot write."""
-    from azure.servicebus._pyamqp import sender as pyamqp_sender  # the encoder the send link calls
-
-    for old, new in replacements:
-        assert len(old) == len(new), (old, new)
-    original = pyamqp_sender.encode_payload
-
-    def encode(output, message):
-        result = original(output, message)
-        data = bytes(output)
-        for old, new in replacements:
-            data = data.replace(old, new)
-        output[:] = data
-        return result
-
-    pyamqp_sender.encode_payload = encode
-    try:
-        yield
-    finally:
-        pyamqp_sender.encode_payload = original
 
 
 def _send(connection_string: str, queue: str, *messages, rewrite: tuple[tuple[bytes, bytes], ...] = ()) -> None:
