@@ -79,20 +79,53 @@ def _shown_id(message: ServiceBusReceivedMessage) -> str:
     return text if len(text) <= 100 else text[:99] + "…"
 
 
-@contextlib.contextmanager
-def _hidden_from_settlement_tracing(message: ServiceBusReceivedMessage) -> Iterator[None]:
-    """Settle ``message`` without the SDK reading its application properties.
+# --- the SDK's tracing hooks and what clients put in trace properties ------------------
+#
+# azure-servicebus (7.15) reads the ``traceparent``, ``Diagnostic-Id`` and ``tracestate``
+# application properties as ASCII for its tracing links, catching only ``AttributeError``:
+# on every settlement (``ServiceBusReceiver._settle_message_with_retry`` ->
+# ``get_span_link_from_message``, tracing on or off) and, when the Azure SDK's tracing is on
+# in the process (``AZURE_SDK_TRACING_IMPLEMENTATION``, or an app that exports to Application
+# Insights), on every receive (``receive_messages`` -> ``get_receive_links``). Any client may
+# put other text or bytes there; the ``UnicodeDecodeError`` would then fail the receive or
+# the settlement, and the message would come back after every lock expiry though its
+# function succeeded. The Functions host's .NET client reads and settles such a message as
+# any other. So, on this host's own receivers, the SDK's message objects show no
+# application properties while the SDK receives or settles them: receiving and settling
+# need only the delivery and its lock token, and the function gets its properties from the
+# message's bytes (``servicebus_wire``) or, failing those, once the receive has returned.
 
-    ``azure-servicebus`` (7.15, ``ServiceBusReceiver._settle_message_with_retry``) builds a
-    tracing link on every settlement, tracing on or off: ``get_span_link_from_message``
-    decodes the ``traceparent``, ``Diagnostic-Id`` and ``tracestate`` properties as ASCII and
-    catches only ``AttributeError``. Any client may put other text or bytes there; the
-    ``UnicodeDecodeError`` would then fail every settlement and the message would come back
-    after every lock expiry, though its function succeeded. Settling needs only the
-    delivery and its lock token, and the function already has its own copy of the
-    properties, so they are hidden from the SDK while it settles (the Functions host's .NET
-    client settles whatever the properties hold).
-    """
+
+class _UntracedReceive:
+    """Installed on one ``ServiceBusReceiver``: :meth:`receive` hides the application properties
+    of the messages it builds from the SDK's tracing hook until the receive call has returned."""
+
+    def __init__(self, receiver: ServiceBusReceiver) -> None:
+        self._hidden: list[tuple[ServiceBusReceivedMessage, object]] = []
+        build = getattr(receiver, "_build_received_message", None)
+        if not callable(build):  # another SDK version: receive as it is
+            return
+
+        def build_hidden(*args: object, **kwargs: object) -> ServiceBusReceivedMessage:
+            message = build(*args, **kwargs)
+            self._hidden.append((message, message.application_properties))
+            message.application_properties = None
+            return message
+
+        receiver._build_received_message = build_hidden
+
+    def receive(self, receiver: ServiceBusReceiver, **kwargs: object) -> list[ServiceBusReceivedMessage]:
+        try:
+            return receiver.receive_messages(**kwargs)
+        finally:
+            for message, properties in self._hidden:
+                message.application_properties = properties
+            self._hidden.clear()
+
+
+@contextlib.contextmanager
+def _hidden_from_sdk_tracing(message: ServiceBusReceivedMessage) -> Iterator[None]:
+    """While open, ``message`` shows the SDK no application properties (see above)."""
     properties = message.application_properties
     message.application_properties = None
     try:
@@ -174,8 +207,9 @@ class ServiceBusTriggerListener(Listener):
                         prefetch_count=self._options.prefetch_count,
                     )
                     tap = DeliveryTap(receiver)  # before it opens: the message bytes as the broker sent them
+                    untraced = _UntracedReceive(receiver)
                     with receiver:
-                        self._pump(receiver, tap)
+                        self._pump(receiver, tap, untraced)
                 break
             except Exception as error:  # the broker went away or refused: retry, as the host's processor does
                 if self._stopping.is_set():
@@ -194,7 +228,7 @@ class ServiceBusTriggerListener(Listener):
                 backoff = min(backoff * 2, 30.0)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def _pump(self, receiver: ServiceBusReceiver, tap: DeliveryTap) -> None:
+    def _pump(self, receiver: ServiceBusReceiver, tap: DeliveryTap, untraced: _UntracedReceive) -> None:
         while True:
             self._settle_results(receiver)
             self._renew_locks(receiver)
@@ -214,7 +248,7 @@ class ServiceBusTriggerListener(Listener):
             # One message per receive, as the Functions host's processor asks for: the call
             # returns as soon as it arrives, and no link credit outlives the call (a message
             # the broker delivers after a receive ended is handed back and delivered again).
-            messages = receiver.receive_messages(max_message_count=1, max_wait_time=RECEIVE_WAIT_SECONDS)
+            messages = untraced.receive(receiver, max_message_count=1, max_wait_time=RECEIVE_WAIT_SECONDS)
             self._receiving = True
             self.ready.set()
             for message in messages:
@@ -334,7 +368,7 @@ class ServiceBusTriggerListener(Listener):
 
     def _settle(self, receiver: ServiceBusReceiver, delivery: _Delivery, outcome: _Outcome) -> None:
         try:
-            with _hidden_from_settlement_tracing(delivery.message):
+            with _hidden_from_sdk_tracing(delivery.message):
                 self._settle_now(receiver, delivery, outcome)
         except (ServiceBusConnectionError, ServiceBusCommunicationError):
             raise

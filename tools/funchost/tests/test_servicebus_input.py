@@ -232,11 +232,22 @@ def test_body_json_fields_join_the_binding_data_as_in_the_host(sb, servicebus_em
     assert all(i.succeeded for i in host.invocations("sb_record"))
 
 
-def test_trace_properties_of_any_text_never_stop_a_message_being_completed(sb, servicebus_emulator):
+@pytest.mark.parametrize("sdk_tracing", [False, True], ids=["sdk-tracing-off", "sdk-tracing-on"])
+def test_trace_properties_of_any_text_never_stop_a_message_being_completed(
+    sdk_tracing, funchost, servicebus_emulator, storage_connection_string, unique_name, tmp_path
+):
     """The SDK's settlement reads ``traceparent``/``Diagnostic-Id``/``tracestate`` as ASCII for its
-    tracing links (``get_span_link_from_message``, called on every settlement): a value that is not
-    ASCII must not keep the host from completing the message, or it comes back after every lock expiry."""
-    host, queue, record_dir = sb
+    tracing links (``get_span_link_from_message``, called on every settlement), and so does its
+    receive when the Azure SDK's tracing is on (an app that exports to Application Insights turns it
+    on in its process): a value that is not ASCII must not keep the host from receiving and completing
+    the message, or it comes back after every lock expiry."""
+    settings = {"AZURE_SDK_TRACING_IMPLEMENTATION": "opentelemetry"} if sdk_tracing else {}
+    env, names = host_env(
+        servicebus_emulator, storage_connection_string, unique_name, tmp_path,
+        lock_duration=timedelta(seconds=30), max_delivery_count=5, enabled=("sb_record",), **settings,
+    )
+    (host,) = funchost.start(APP_DIR, env=env)
+    queue, record_dir = names["FH_SB_QUEUE"], tmp_path
     cases = {
         "tracestate-non-ascii": {"tracestate": "vendor=ünïcödé"},
         "diagnostic-id-non-ascii": {"Diagnostic-Id": "Ωmega|not-w3c"},
