@@ -41,6 +41,9 @@ from pydantic import (
 #: characters) and of anything an OData filter or a URL could misread.
 ORDER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}$"
 MAX_ITEMS = 100
+#: The MessageId every order message is sent with (:func:`message_id_for`), worded as the
+#: README, the published schema and docs/ state it (tests/infra/test_message_id_rule.py).
+MESSAGE_ID_RULE = "the order id + ':' + the first 16 hex digits of the body's SHA-256"
 #: The order document is kept as one Table string property (64 KiB = 32K UTF-16
 #: characters); this bound leaves room under that limit.
 MAX_DOCUMENT_CHARS = 30_000
@@ -97,7 +100,10 @@ class OrderRequest(_Message):
         json_schema_extra={"description": "Body of a message on the orders queue (content type application/json)."},
     )
 
-    order_id: OrderId = Field(description="Unique order id; also use it as the message's MessageId.")
+    order_id: OrderId = Field(
+        description=f"Unique order id. Send the order with MessageId = {MESSAGE_ID_RULE}: duplicate detection then "
+        "drops an identical resend, while a corrected order (a new body) gets through."
+    )
     customer_id: Code
     customer_name: Text | None = None
     currency: str = Field(pattern=r"^[A-Z]{3}$", description="ISO 4217 code, e.g. EUR")
@@ -361,7 +367,8 @@ def idempotency_key(order_id: str, step: str, action: str) -> str:
 
 
 def message_id_for(order_id: str, body: bytes) -> str:
-    """``{order id}:{first 16 hex digits of the body's SHA-256}``."""
+    """The MessageId of an order message: :data:`MESSAGE_ID_RULE`. Every sender of orders
+    (``ordersctl send-order``, the demo, the soak, the benchmarks, the tests) uses this."""
     return f"{order_id}:{hashlib.sha256(body).hexdigest()[:16]}"
 
 

@@ -35,7 +35,7 @@ from core import names
 from core.models import LineState, OrderState, ProcessState
 from core.workflow import CURRENT, Kind, remotes
 from devtools.localstack import LocalStack
-from devtools.orders import bad_order_body, load_bad_orders, order_message
+from devtools.orders import bad_order_message, load_bad_orders, order_message
 from devtools.paths import ROOT
 from devtools.stats import EFFECT_CHECKS, EffectsAudit, audit_effects, percentile
 
@@ -186,15 +186,11 @@ def send_orders(connection_string: str, orders: int, invalid: int, sent_at: dict
                 if len(batch) == 20:
                     flush()
                 if i % 40 == 20 and bad:  # sprinkle the invalid ones among the valid
-                    case = bad.pop()
-                    sender.send_messages(
-                        ServiceBusMessage(bad_order_body(case, f"bad-{i}"), message_id=f"bad-{i}",
-                                          content_type=case.get("content_type", "application/json"))
-                    )
+                    sender.send_messages(bad_order_message(bad.pop(), f"bad-{i}"))
             if batch:
                 flush()
             for case in bad:
-                sender.send_messages(ServiceBusMessage(bad_order_body(case), content_type=case.get("content_type", "application/json")))
+                sender.send_messages(bad_order_message(case))
 
 
 def read_states(store: StateStore, prefix: str = "demo-") -> list[OrderState]:

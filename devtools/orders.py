@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from decimal import Decimal
 from pathlib import Path
 
 from azure.servicebus import ServiceBusMessage
@@ -110,6 +111,15 @@ def bad_order_body(case: dict, order_id: str = "bad-order") -> bytes:
     return case["body"].replace("ORDER_ID", order_id).encode("utf-8", errors="surrogatepass")
 
 
+def bad_order_message(case: dict, order_id: str = "bad-order") -> ServiceBusMessage:
+    """A corpus case as a client following the README sends it: MessageId by the same rule
+    as a valid order's (:func:`core.models.message_id_for`), the case's content type."""
+    body = bad_order_body(case, order_id)
+    return ServiceBusMessage(
+        body, message_id=message_id_for(order_id, body), content_type=case.get("content_type", "application/json")
+    )
+
+
 # --- the odd-messages corpus -----------------------------------------------------------
 
 
@@ -123,7 +133,9 @@ def load_odd_messages() -> list[dict]:
 
 def _amqp_value(spec):
     """A JSON spec as the AMQP value a client would send (``{"uuid": ...}``, ``{"long": n}``,
-    ``{"binary_hex": ...}``, ``{"repeat": c, "count": n}``; anything else as it is)."""
+    ``{"binary_hex": ...}``, ``{"typed_binary_hex": ...}`` (an application property the SDK
+    sends as an AMQP binary), ``{"decimal": "1.25"}`` (a decimal128), ``{"repeat": c, "count": n}``;
+    anything else as it is)."""
     if isinstance(spec, dict):
         if "uuid" in spec:
             return uuid.UUID(spec["uuid"])
@@ -131,6 +143,10 @@ def _amqp_value(spec):
             return int(spec["long"])
         if "binary_hex" in spec:
             return bytes.fromhex(spec["binary_hex"])
+        if "typed_binary_hex" in spec:  # an AMQP binary where the SDK turns bytes into a string (properties)
+            return {"TYPE": "BINARY", "VALUE": bytes.fromhex(spec["typed_binary_hex"])}
+        if "decimal" in spec:
+            return Decimal(spec["decimal"])
         if "repeat" in spec:
             return spec["repeat"] * spec["count"]
         return {key: _amqp_value(value) for key, value in spec.items()}
@@ -142,23 +158,32 @@ def _amqp_value(spec):
 def odd_message(case: dict, order_id: str) -> AmqpAnnotatedMessage:
     """The case as an AMQP message (``AmqpAnnotatedMessage``: any property type). A body
     ``VALID`` is a valid order with ``order_id``; ``VALID_WITH_HEADERS`` the same with
-    top-level ``ReplyTo`` and ``MessageId`` fields."""
+    top-level ``ReplyTo`` and ``MessageId`` fields; ``VALUE`` / ``SEQUENCE`` the valid order's
+    JSON as an AMQP value (a string) / sequence body instead of a data body. (A case's
+    ``wire_rewrite``, ``[[old hex, new hex], ...]`` of equal lengths, is for the sender to
+    apply to the encoded message: types the SDK cannot send, such as keys that are not strings.)"""
     body = case["body"]
-    if body == "VALID":
-        data = order_json(order_id)
+    if body == "VALUE":
+        content = {"value_body": order_json(order_id).decode()}
+    elif body == "SEQUENCE":
+        content = {"sequence_body": [[order_json(order_id).decode()]]}
+    elif body == "VALID":
+        content = {"data_body": order_json(order_id)}
     elif body == "VALID_WITH_HEADERS":
-        data = json.dumps({**order_dict(order_id), "ReplyTo": "alerts", "MessageId": "forged"}).encode()
+        forged = {**order_dict(order_id), "ReplyTo": "alerts", "MessageId": "forged"}
+        content = {"data_body": json.dumps(forged).encode()}
     else:
-        data = body.encode()
+        content = {"data_body": body.encode()}
     properties = {
         "message_id": _amqp_value(case.get("message_id", order_id)),
         "content_type": _amqp_value(case.get("content_type", "application/json")),
     }
     if "reply_to" in case:
         properties["reply_to"] = _amqp_value(case["reply_to"])
+    application_properties = _amqp_value(case.get("application_properties", {}))
     return AmqpAnnotatedMessage(
-        data_body=data,
+        **content,
         properties=properties,
         annotations=_amqp_value(case.get("annotations", {})) or None,
-        application_properties=_amqp_value(case.get("application_properties", {})) or None,
+        application_properties=application_properties or None,
     )

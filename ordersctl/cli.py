@@ -97,14 +97,17 @@ def _parse_item(text: str) -> dict:
 @app.command("send-order")
 def send_order(
     file: Annotated[Path | None, typer.Option("--file", "-f", help="An order as JSON (see schemas/order.schema.json).")] = None,
-    order_id: Annotated[str | None, typer.Option(help="Order id (also the message id).")] = None,
+    order_id: Annotated[
+        str | None, typer.Option(help="Order id (the message id is it + ':' + a hash of the body).")
+    ] = None,
     customer: Annotated[str | None, typer.Option(help="Customer id.")] = None,
     item: Annotated[list[str] | None, typer.Option(help="SKU:QUANTITY:UNIT_PRICE; repeat for more lines.")] = None,
     currency: Annotated[str, typer.Option(help="ISO 4217 currency.")] = "EUR",
     reply_to: Annotated[str | None, typer.Option("--reply-to", help="A queue to receive status events.")] = None,
     settings: SettingsFile = None,
 ) -> None:
-    """Validate an order against the model and send it to the orders queue."""
+    """Validate an order against the model and send it to the orders queue, with
+    MessageId = the order id + ':' + the first 16 hex digits of the body's SHA-256."""
     if file is not None:
         body = file.read_bytes()
     else:
@@ -241,13 +244,12 @@ def breakers(settings: SettingsFile = None) -> None:
     out.print(f"not closed on some host: {', '.join(held)}" if held else "every published breaker is closed")
 
 
-def _peek(ctx: Context, queue: str, *, dead_letter: bool, most: int, take: bool):
-    from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
+def _peek(ctx: Context, queue: str, *, most: int, take: bool):
+    from azure.servicebus import ServiceBusReceiveMode
 
-    sub_queue = ServiceBusSubQueue.DEAD_LETTER if dead_letter else None
     with ctx.servicebus() as client:
         mode = ServiceBusReceiveMode.RECEIVE_AND_DELETE if take else ServiceBusReceiveMode.PEEK_LOCK
-        with client.get_queue_receiver(queue, sub_queue=sub_queue, receive_mode=mode, max_wait_time=2) as receiver:
+        with client.get_queue_receiver(queue, receive_mode=mode, max_wait_time=2) as receiver:
             if take:
                 return receiver.receive_messages(max_message_count=most, max_wait_time=2)
             return receiver.peek_messages(max_message_count=most)
@@ -261,7 +263,7 @@ def alerts(
 ) -> None:
     """Show operator alerts (orders that ended in Error)."""
     ctx = _context(settings)
-    messages = _peek(ctx, ctx.settings.alerts_queue, dead_letter=False, most=most, take=take)
+    messages = _peek(ctx, ctx.settings.alerts_queue, most=most, take=take)
     table = Table("time", "order", "could not undo", "last error")
     for message in messages:
         try:
@@ -282,15 +284,48 @@ def dead_letters(
     most: Annotated[int, typer.Option("--max", min=1)] = 50,
     settings: SettingsFile = None,
 ) -> None:
-    """Show dead-lettered messages of a queue with their reasons (peek)."""
+    """Show dead-lettered messages of a queue with their reasons (peek). A part of a message
+    the Azure SDK cannot decode (e.g. an AMQP decimal128 property) is skipped and named."""
+    from azure.servicebus import ServiceBusSubQueue
+
+    from ordersctl.peek import peek
+
     ctx = _context(settings)
-    messages = _peek(ctx, queue, dead_letter=True, most=most, take=False)
-    table = Table("message id", "reason", "description", "body")
-    for message in messages:
-        table.add_row(str(message.message_id), str(message.dead_letter_reason or ""),
-                      str(message.dead_letter_error_description or "")[:80], str(message)[:60])
+    with ctx.servicebus() as client:
+        with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
+            peeked = peek(receiver, most)
+    table = Table("seq", "message id", "reason", "description", "body")
+    for n, item in enumerate(peeked, start=1):
+        message = item.message
+        if message is None:
+            table.add_row("?", f"(message {n} of the peek: undecodable)", "", "", "")
+            continue
+        table.add_row(str(message.sequence_number or "?"), str(message.message_id),
+                      str(message.dead_letter_reason or ""), str(message.dead_letter_error_description or "")[:80],
+                      _shown_body(message)[:60])
     out.print(table)
-    out.print(f"{len(messages)} dead-lettered message(s) on {queue}")
+    skipped = sum(len(item.skipped) for item in peeked)
+    out.print(f"{len(peeked)} dead-lettered message(s) on {queue}"
+              + (f"; {skipped} part(s) the Azure SDK cannot decode were skipped (listed on stderr)" if skipped else ""))
+    for n, item in enumerate(peeked, start=1):
+        which = _which(item.message, n)
+        for part in item.skipped:
+            err.print(f"skipped in {which}: {part.part}: {part.why}", soft_wrap=True, markup=False, highlight=False)
+
+
+def _which(message, n: int) -> str:
+    """A peeked message as an operator finds it again: its id and sequence number, as far as known."""
+    if message is None:
+        return f"message {n} of the peek"
+    number = f"sequence number {message.sequence_number}" if message.sequence_number else f"number {n} of the peek"
+    return f"message {message.message_id!s} ({number})" if message.message_id is not None else f"message at {number}"
+
+
+def _shown_body(message) -> str:
+    try:
+        return str(message)
+    except Exception as error:  # noqa: BLE001 - a body of any type is shown, never a crash
+        return f"({type(error).__name__})"
 
 
 @app.command()

@@ -8,6 +8,8 @@ from collections import Counter
 from adapters.wiring import services
 from core.models import ProcessState
 from devtools.orders import bad_order_body, load_bad_orders, load_odd_messages, odd_message, order_json
+from ordersctl.peek import peek
+from tools.funchost.tests.support import rewritten_on_the_wire
 from tests.e2e.conftest import processed, wait_until
 
 
@@ -48,10 +50,11 @@ def test_every_bad_case_is_rejected_with_its_reason_and_valid_orders_flow(stack)
 
 def test_odd_messages_from_any_client_each_end_as_expected_and_none_is_retried(stack):
     """Messages odd at the AMQP level (devtools/corpus/odd_messages.json): ids of other
-    types, 40,000-character properties, binary properties, client-set annotations. Each
-    is rejected with its reason, processed, or, where the Functions host itself cannot
-    read it, dead-lettered with that reason; none is delivered twice, the orders queue
-    ends empty and the host keeps going."""
+    types, 40,000-character properties, binary properties, client-set annotations, trace
+    properties that are not ASCII or not W3C, keys that are not strings, value and sequence
+    bodies, a decimal128. Each is rejected with its reason, processed (and completed: the
+    queue ends empty), or, where the Functions host itself cannot read it, dead-lettered
+    with that reason; none is delivered twice, and the host keeps going."""
     from azure.servicebus import ServiceBusClient, ServiceBusSubQueue
 
     cases = load_odd_messages()
@@ -60,7 +63,9 @@ def test_odd_messages_from_any_client_each_end_as_expected_and_none_is_retried(s
     with ServiceBusClient.from_connection_string(stack.connection_string) as client:
         with client.get_queue_sender(stack.settings["ORDERS_QUEUE"]) as sender:
             for order_id, case in zip(ids, cases):
-                sender.send_messages(odd_message(case, order_id))
+                rewrites = [(bytes.fromhex(old), bytes.fromhex(new)) for old, new in case.get("wire_rewrite", [])]
+                with rewritten_on_the_wire(*rewrites):
+                    sender.send_messages(odd_message(case, order_id))
 
     processed_ids = [order_id for order_id, case in zip(ids, cases) if "processed" in case["expect"]]
     rejected = [(order_id, case) for order_id, case in zip(ids, cases) if "rejected" in case["expect"]]
@@ -88,11 +93,14 @@ def test_odd_messages_from_any_client_each_end_as_expected_and_none_is_retried(s
     orders_queue = stack.settings["ORDERS_QUEUE"]
     wait_until(lambda: stack.emulator.message_counts(orders_queue)["dead_letter"] == len(dead), timeout=30,
                what="the unreadable messages to be dead-lettered")
+    # Peeked as `ordersctl dead-letters` peeks: the SDK's own peek fails on the decimal128 case.
     with ServiceBusClient.from_connection_string(stack.connection_string) as client:
         with client.get_queue_receiver(orders_queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
-            letters = receiver.peek_messages(max_message_count=len(dead) + 5)
+            peeked = peek(receiver, len(dead) + 5)
+    letters = [item.message for item in peeked]
     assert sorted(m.dead_letter_reason for m in letters) == sorted(c["expect"]["dead_lettered"] for c in dead)
     assert all(m.dead_letter_error_description and m.delivery_count <= 1 for m in letters)
+    assert [s.part for item in peeked for s in item.skipped] == ["application property 'amount'"]
     counts = stack.emulator.message_counts(orders_queue)
     assert counts["active"] + counts["locked"] == 0
     # Each message the app saw was handled once: no invocation failed, none was retried.

@@ -369,7 +369,7 @@ def _net_key(key: Value, where: str) -> str:
     if kind in ("float", "double"):
         return net_double(raw)
     if kind == "null":
-        raise Unreadable(f"{where} has a null key")
+        raise Unreadable(f"{where} have a null key")
     return _NET_TYPE_NAMES.get(kind, kind)
 
 
@@ -467,13 +467,13 @@ def read_message(message: amqp.Message, lock_token: str) -> NetMessage:
         net.reply_to_session_id = None if reply_group is None else _utf8(reply_group)
 
     for key, value in _map(message.application_properties):
-        name = _net_key(key, "an application property key")
+        name = _net_key(key, "the application properties")
         converted = _net_object(value, f"application property {name!r}")
         if converted is not _DROP:
             net.application_properties[name] = converted
 
     for key, value in _map(message.message_annotations):
-        name = _net_key(key, "a message annotation key")
+        name = _net_key(key, "the message annotations")
         if name == "x-opt-locked-until" and value.type != "timestamp":  # (DateTime)pair.Value in the converter
             raise Unreadable(f"its x-opt-locked-until annotation is {_what(value)}, not a timestamp")
         if name == "x-opt-message-state" and value.type != "int":  # (int)pair.Value in the converter
@@ -484,7 +484,7 @@ def read_message(message: amqp.Message, lock_token: str) -> NetMessage:
             net.annotations[name] = value
     for section, entries in (("delivery annotation", message.delivery_annotations), ("footer", message.footer)):
         for key, value in _map(entries):
-            name = _net_key(key, f"a {section} key")
+            name = _net_key(key, f"the {section}s")
             _net_object(value, f"{section} {name!r}")
 
     if message.header is not None:

@@ -22,13 +22,16 @@ its delivery count runs out).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass
+
 from azure.functions.servicebus import ServiceBusMessage as FunctionMessage
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusReceiver
 from azure.servicebus.exceptions import ServiceBusCommunicationError, ServiceBusConnectionError, ServiceBusError
@@ -74,6 +77,61 @@ def _shown_id(message: ServiceBusReceivedMessage) -> str:
         return "?"
     text = value if isinstance(value, str) else repr(value)
     return text if len(text) <= 100 else text[:99] + "…"
+
+
+# --- the SDK's tracing hooks and what clients put in trace properties ------------------
+#
+# azure-servicebus (7.15) reads the ``traceparent``, ``Diagnostic-Id`` and ``tracestate``
+# application properties as ASCII for its tracing links, catching only ``AttributeError``:
+# on every settlement (``ServiceBusReceiver._settle_message_with_retry`` ->
+# ``get_span_link_from_message``, tracing on or off) and, when the Azure SDK's tracing is on
+# in the process (``AZURE_SDK_TRACING_IMPLEMENTATION``, or an app that exports to Application
+# Insights), on every receive (``receive_messages`` -> ``get_receive_links``). Any client may
+# put other text or bytes there; the ``UnicodeDecodeError`` would then fail the receive or
+# the settlement, and the message would come back after every lock expiry though its
+# function succeeded. The Functions host's .NET client reads and settles such a message as
+# any other. So, on this host's own receivers, the SDK's message objects show no
+# application properties while the SDK receives or settles them: receiving and settling
+# need only the delivery and its lock token, and the function gets its properties from the
+# message's bytes (``servicebus_wire``) or, failing those, once the receive has returned.
+
+
+class _UntracedReceive:
+    """Installed on one ``ServiceBusReceiver``: :meth:`receive` hides the application properties
+    of the messages it builds from the SDK's tracing hook until the receive call has returned."""
+
+    def __init__(self, receiver: ServiceBusReceiver) -> None:
+        self._hidden: list[tuple[ServiceBusReceivedMessage, object]] = []
+        build = getattr(receiver, "_build_received_message", None)
+        if not callable(build):  # another SDK version: receive as it is
+            return
+
+        def build_hidden(*args: object, **kwargs: object) -> ServiceBusReceivedMessage:
+            message = build(*args, **kwargs)
+            self._hidden.append((message, message.application_properties))
+            message.application_properties = None
+            return message
+
+        receiver._build_received_message = build_hidden
+
+    def receive(self, receiver: ServiceBusReceiver, **kwargs: object) -> list[ServiceBusReceivedMessage]:
+        try:
+            return receiver.receive_messages(**kwargs)
+        finally:
+            for message, properties in self._hidden:
+                message.application_properties = properties
+            self._hidden.clear()
+
+
+@contextlib.contextmanager
+def _hidden_from_sdk_tracing(message: ServiceBusReceivedMessage) -> Iterator[None]:
+    """While open, ``message`` shows the SDK no application properties (see above)."""
+    properties = message.application_properties
+    message.application_properties = None
+    try:
+        yield
+    finally:
+        message.application_properties = properties
 
 
 # --- the listener -------------------------------------------------------------------
@@ -149,8 +207,9 @@ class ServiceBusTriggerListener(Listener):
                         prefetch_count=self._options.prefetch_count,
                     )
                     tap = DeliveryTap(receiver)  # before it opens: the message bytes as the broker sent them
+                    untraced = _UntracedReceive(receiver)
                     with receiver:
-                        self._pump(receiver, tap)
+                        self._pump(receiver, tap, untraced)
                 break
             except Exception as error:  # the broker went away or refused: retry, as the host's processor does
                 if self._stopping.is_set():
@@ -169,7 +228,7 @@ class ServiceBusTriggerListener(Listener):
                 backoff = min(backoff * 2, 30.0)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def _pump(self, receiver: ServiceBusReceiver, tap: DeliveryTap) -> None:
+    def _pump(self, receiver: ServiceBusReceiver, tap: DeliveryTap, untraced: _UntracedReceive) -> None:
         while True:
             self._settle_results(receiver)
             self._renew_locks(receiver)
@@ -189,7 +248,7 @@ class ServiceBusTriggerListener(Listener):
             # One message per receive, as the Functions host's processor asks for: the call
             # returns as soon as it arrives, and no link credit outlives the call (a message
             # the broker delivers after a receive ended is handed back and delivered again).
-            messages = receiver.receive_messages(max_message_count=1, max_wait_time=RECEIVE_WAIT_SECONDS)
+            messages = untraced.receive(receiver, max_message_count=1, max_wait_time=RECEIVE_WAIT_SECONDS)
             self._receiving = True
             self.ready.set()
             for message in messages:
@@ -309,14 +368,8 @@ class ServiceBusTriggerListener(Listener):
 
     def _settle(self, receiver: ServiceBusReceiver, delivery: _Delivery, outcome: _Outcome) -> None:
         try:
-            if outcome.action == "complete":
-                receiver.complete_message(delivery.message)
-            elif outcome.action == "dead-letter":
-                receiver.dead_letter_message(
-                    delivery.message, reason=outcome.reason, error_description=outcome.description
-                )
-            else:
-                receiver.abandon_message(delivery.message)
+            with _hidden_from_sdk_tracing(delivery.message):
+                self._settle_now(receiver, delivery, outcome)
         except (ServiceBusConnectionError, ServiceBusCommunicationError):
             raise
         except (ServiceBusError, ValueError) as error:
@@ -327,6 +380,15 @@ class ServiceBusTriggerListener(Listener):
                 _shown_id(delivery.message),
                 f"{type(error).__name__}: {error}",
             )
+
+    @staticmethod
+    def _settle_now(receiver: ServiceBusReceiver, delivery: _Delivery, outcome: _Outcome) -> None:
+        if outcome.action == "complete":
+            receiver.complete_message(delivery.message)
+        elif outcome.action == "dead-letter":
+            receiver.dead_letter_message(delivery.message, reason=outcome.reason, error_description=outcome.description)
+        else:
+            receiver.abandon_message(delivery.message)
 
     def _renew_locks(self, receiver: ServiceBusReceiver) -> None:
         now = time.monotonic()

@@ -1,11 +1,13 @@
-"""Helpers for the local host's tests: the test app, its records, polling with a deadline."""
+"""Helpers for the local host's tests: the test app, its records, polling with a deadline,
+AMQP types the Python SDK cannot send."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
@@ -152,3 +154,28 @@ def assert_drained(servicebus_emulator, names: dict[str, str], inbox, *, timeout
         eventually(lambda: left() == ({}, 0), timeout=timeout, what="both trigger queues to be empty")
     except AssertionError as error:
         raise AssertionError(f"{error}; left (Service Bus by kind, storage queue count): {left()}") from None
+
+
+@contextlib.contextmanager
+def rewritten_on_the_wire(*replacements: tuple[bytes, bytes]) -> Iterator[None]:
+    """While open, messages the Python SDK sends from this process have each ``old`` byte string
+    replaced by ``new`` (same length) once encoded: types its encoder cannot write."""
+    from azure.servicebus._pyamqp import sender as pyamqp_sender  # the encoder the send link calls
+
+    for old, new in replacements:
+        assert len(old) == len(new), (old, new)
+    original = pyamqp_sender.encode_payload
+
+    def encode(output, message):
+        result = original(output, message)
+        data = bytes(output)
+        for old, new in replacements:
+            data = data.replace(old, new)
+        output[:] = data
+        return result
+
+    pyamqp_sender.encode_payload = encode
+    try:
+        yield
+    finally:
+        pyamqp_sender.encode_payload = original

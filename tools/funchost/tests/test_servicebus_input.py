@@ -11,12 +11,10 @@ host's conversion code (README.md, "What a Service Bus function receives").
 from __future__ import annotations
 
 import base64
-import contextlib
 import decimal
 import math
 import re
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -26,7 +24,7 @@ from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageProperties
 from tools.funchost.servicebus_message import BindingFailed, function_message
 from tools.funchost.servicebus_wire import DeliveryTap
 
-from .support import APP_DIR, eventually, host_env, receive, records
+from .support import APP_DIR, eventually, host_env, receive, records, rewritten_on_the_wire
 
 UUID_ID = uuid.UUID("0f8fad5b-d9cb-469f-a165-70867728950e")
 LONG_ID = 0x0102030405060708  # sent as an AMQP ulong, rewritten to a long
@@ -42,31 +40,6 @@ def _typed(kind: str, value):
 
 def _described(descriptor: bytes, value):
     return _typed("DESCRIBED", (_typed("SYMBOL", descriptor), value))
-
-
-@contextlib.contextmanager
-def rewritten_on_the_wire(*replacements: tuple[bytes, bytes]) -> Iterator[None]:
-    """While open, messages the Python SDK sends from this process have each ``old`` byte string
-    replaced by ``new`` (same length) once encoded: types its encoder cannot write."""
-    from azure.servicebus._pyamqp import sender as pyamqp_sender  # the encoder the send link calls
-
-    for old, new in replacements:
-        assert len(old) == len(new), (old, new)
-    original = pyamqp_sender.encode_payload
-
-    def encode(output, message):
-        result = original(output, message)
-        data = bytes(output)
-        for old, new in replacements:
-            data = data.replace(old, new)
-        output[:] = data
-        return result
-
-    pyamqp_sender.encode_payload = encode
-    try:
-        yield
-    finally:
-        pyamqp_sender.encode_payload = original
 
 
 def _send(connection_string: str, queue: str, *messages, rewrite: tuple[tuple[bytes, bytes], ...] = ()) -> None:
@@ -257,6 +230,46 @@ def test_body_json_fields_join_the_binding_data_as_in_the_host(sb, servicebus_em
     # The body is bound as a string: bytes that are not UTF-8 arrive as replacement characters.
     assert found["not-utf8"]["body_hex"] == ("\ufffd\ufffd{}".encode()).hex()
     assert all(i.succeeded for i in host.invocations("sb_record"))
+
+
+@pytest.mark.parametrize("sdk_tracing", [False, True], ids=["sdk-tracing-off", "sdk-tracing-on"])
+def test_trace_properties_of_any_text_never_stop_a_message_being_completed(
+    sdk_tracing, funchost, servicebus_emulator, storage_connection_string, unique_name, tmp_path
+):
+    """The SDK's settlement reads ``traceparent``/``Diagnostic-Id``/``tracestate`` as ASCII for its
+    tracing links (``get_span_link_from_message``, called on every settlement), and so does its
+    receive when the Azure SDK's tracing is on (an app that exports to Application Insights turns it
+    on in its process): a value that is not ASCII must not keep the host from receiving and completing
+    the message, or it comes back after every lock expiry."""
+    settings = {"AZURE_SDK_TRACING_IMPLEMENTATION": "opentelemetry"} if sdk_tracing else {}
+    env, names = host_env(
+        servicebus_emulator, storage_connection_string, unique_name, tmp_path,
+        lock_duration=timedelta(seconds=30), max_delivery_count=5, enabled=("sb_record",), **settings,
+    )
+    (host,) = funchost.start(APP_DIR, env=env)
+    queue, record_dir = names["FH_SB_QUEUE"], tmp_path
+    cases = {
+        "tracestate-non-ascii": {"tracestate": "vendor=ünïcödé"},
+        "diagnostic-id-non-ascii": {"Diagnostic-Id": "Ωmega|not-w3c"},
+        "traceparent-binary": {"traceparent": _typed("BINARY", b"\xff\xfe\x00\x80")},
+        "diagnostic-id-not-w3c": {"Diagnostic-Id": "|5e4b3a2c.1.", "tracestate": _typed("BINARY", b"\xc3\xa9")},
+    }
+    _send(
+        servicebus_emulator.connection_string,
+        queue,
+        *(_message(tag, message_id=tag, application_properties=properties) for tag, properties in cases.items()),
+    )
+
+    _seen(record_dir, list(cases))
+    # Completed on the first delivery (the queue's lock is 30 s: a failed settlement would leave them locked).
+    eventually(
+        lambda: servicebus_emulator.message_counts(queue)
+        == {"active": 0, "dead_letter": 0, "scheduled": 0, "locked": 0},
+        what="every message to be completed",
+    )
+    assert sorted(r["body"] for r in records(record_dir, "sb_record", "start")) == sorted(cases)
+    assert all(i.succeeded for i in host.invocations("sb_record"))
+    assert "could not complete" not in host.log_text()
 
 
 def test_a_message_the_host_cannot_hand_over_is_dead_lettered_at_once_and_the_host_goes_on(
