@@ -144,13 +144,13 @@ def test_the_response_echoes_the_context_for_the_scheduler(fake_remote):
     assert response.context == sent.context and response.step == "reserve" and response.kind is Kind.ACTION
 
 
-def test_an_open_breaker_postpones_the_step_without_calling_the_service(fake_remote):
-    from agents.breaker import CircuitBreaker
+def test_an_open_breaker_postpones_a_step_that_could_not_call_but_fails_one_whose_own_call_failed(fake_remote):
+    from agents.breaker import BreakerOptions, CircuitBreaker
 
     fake_remote.set_faults(script={f"o-{i}": ["always:transient"] for i in range(1, 4)})
+    options = BreakerOptions(failure_ratio=1.0, minimum_throughput=2, sampling_seconds=30, open_seconds=30, jitter=0.0)
     remote = RemoteClient(
-        fake_remote.base_url("inventory"), call_timeout=5.0,
-        breaker=CircuitBreaker("inventory", failure_threshold=3, open_seconds=30, jitter=0.0),
+        fake_remote.base_url("inventory"), call_timeout=5.0, breaker=CircuitBreaker("inventory", options),
     )
     retrying = AgentPolicy(max_calls=4, backoff_initial=0.01, backoff_max=0.02)
 
@@ -164,14 +164,14 @@ def test_an_open_breaker_postpones_the_step_without_calling_the_service(fake_rem
 
     first, calls, second, third = asyncio.run(three_requests())
     # One request alone does not open it, however often it retries: the first used all
-    # its calls (its attempt ran out; the supervisor retries those)...
+    # its calls (its attempt ran out: no response, the supervisor counts it)...
     assert first is None and calls == 4
-    # ...the second request's first failure made it two requests and enough calls: that
-    # step stopped there, postponed...
-    assert second.outcome is Outcome.POSTPONED and fake_remote.effects()["calls"] == 5
-    assert 29 <= second.retry_after_seconds <= 30
-    # ...and the next step for that service was not sent at all.
-    assert third.outcome is Outcome.POSTPONED
+    # ...the second request's first failure made two failing requests: it opened, and
+    # refused that request's retry. Its own call failed, so the attempt is judged by
+    # its own policy: no response (counted at complete-by), not postponed...
+    assert second is None and fake_remote.effects()["calls"] == 5
+    # ...while the next step for that service, which could not call at all, is postponed.
+    assert third.outcome is Outcome.POSTPONED and 29 <= third.retry_after_seconds <= 30
     assert fake_remote.effects()["calls"] == 5
 
 
