@@ -844,8 +844,8 @@ class Runner:
         section.intro = (
             f"{down} answers 503 to every call for {plan.outage_seconds:g} s (the fake remote's `transient` rate "
             f"1.0) while {r.orders} orders of {pipeline.STEPS} steps are sent at an even rate over that time to "
-            f"{r.hosts} hosts with {settings} (breaker: {resilience.DEFAULT_OPEN_SECONDS:g} s open, 5 failed calls in a row "
-            "from at least two requests; step timeout 30 s; supervisor every 15 s; 10 postponements in a row count one failure); then "
+            f"{r.hosts} hosts with {settings} (breaker: {resilience.DEFAULT_OPEN_SECONDS:g} s open, opened by half of at least 5 "
+            "distinct requests failing within 30 s; step timeout 30 s; supervisor every 15 s; 10 postponements in a row count one failure); then "
             f"{down} is back, and every order is waited for ({plan.outage_timeout:g} s at most). Targets: no order "
             f"undone or in Error, at most 5 calls to {down} per host per open period while it is down, every order "
             f"Processed within 30 s of {down}'s return."
