@@ -821,13 +821,14 @@ class Runner:
                        "nudged after the wait)", r.lines_postponed, "",
                        note=f"{r.orders_postponed} orders postponed at least once")
         section.figure("failures", "failed attempts counted on the orders' lines", r.failures, "")
-        section.figure("dropped", "requests dropped by the agents past complete-by",
+        section.figure("dropped", "attempts the agents ended unanswered (calls ran out, or the breaker refused a "
+                       "retry after the attempt's own call failed: counted at complete-by)",
                        sum(b.dropped for b in r.breakers), "")
         section.table(
             f"the breakers for {down}, per host (from the host logs)",
             ["host", "first opened (s after the outage began)", "openings", "half-open trials failed",
              "half-open trials succeeded", f"closed again (s after {down} was back)",
-             "requests its agent answered 'postponed' (no call)", "requests dropped past complete-by"],
+             "requests its agent answered 'postponed' (no call)", "attempts ended unanswered"],
             [[b.name, b.first_open, b.openings, b.trials_failed, b.trials_ok, b.closed_after_back,
               b.postponed_requests, b.dropped] for b in r.breakers],
             note=f"The fake remote counts calls per service, not per caller, so the per-host figure is the total "
