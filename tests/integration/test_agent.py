@@ -175,6 +175,32 @@ def test_an_open_breaker_postpones_a_step_that_could_not_call_but_fails_one_whos
     assert fake_remote.effects()["calls"] == 5
 
 
+def test_a_lookup_refused_after_the_attempts_own_call_timed_out_ends_the_attempt_unanswered(fake_remote):
+    from agents.breaker import BreakerOptions, CircuitBreaker
+
+    # o-1 fails at once; o-2's call is applied but answered after the call's timeout.
+    fake_remote.set_faults(script={"o-1": ["always:transient"], "o-2": ["slow"]}, slow_seconds=2)
+    options = BreakerOptions(failure_ratio=1.0, minimum_throughput=2, sampling_seconds=30, open_seconds=30, jitter=0.0)
+    remote = RemoteClient(
+        fake_remote.base_url("inventory"), call_timeout=0.5, breaker=CircuitBreaker("inventory", options),
+    )
+    once = AgentPolicy(max_calls=1, backoff_initial=0.01, backoff_max=0.02)
+
+    async def two_requests():
+        first = await agent.run(request("o-1", policy=once), remote=remote, now=utcnow)
+        second = await agent.run(request("o-2"), remote=remote, now=utcnow)
+        await remote.close()
+        return first, second
+
+    first, second = asyncio.run(two_requests())
+    # o-2's timeout made two failing requests: the breaker opened and refused the lookup
+    # o-2 wanted before its retry. Its own call failed, so it is not postponed: the
+    # attempt ends unanswered and the supervisor counts it (the next attempt asks first).
+    assert first is None and second is None
+    inventory = fake_remote.effects()["services"]["inventory"]
+    assert (inventory["calls"], inventory["lookups"]) == (2, 0)
+
+
 def test_an_unknown_outcome_is_settled_by_lookup_without_a_second_post(fake_remote):
     done = run(request(), remote=inventory(fake_remote))
     calls = fake_remote.effects()["calls"]
