@@ -8,6 +8,7 @@ import time
 from datetime import timedelta
 
 from agents import agent
+from agents.breaker import BreakerOptions, CircuitBreaker
 from agents.remote import RemoteClient
 from core import lifecycle
 from core.models import AgentPolicy, AgentRequest, Context, Outcome, idempotency_key, utcnow
@@ -144,14 +145,17 @@ def test_the_response_echoes_the_context_for_the_scheduler(fake_remote):
     assert response.context == sent.context and response.step == "reserve" and response.kind is Kind.ACTION
 
 
-def test_an_open_breaker_postpones_a_step_that_could_not_call_but_fails_one_whose_own_call_failed(fake_remote):
-    from agents.breaker import BreakerOptions, CircuitBreaker
-
-    fake_remote.set_faults(script={f"o-{i}": ["always:transient"] for i in range(1, 4)})
+def with_breaker(fake_remote, *, call_timeout: float) -> RemoteClient:
+    """An inventory client whose breaker opens once two distinct requests are failing."""
     options = BreakerOptions(failure_ratio=1.0, minimum_throughput=2, sampling_seconds=30, open_seconds=30, jitter=0.0)
-    remote = RemoteClient(
-        fake_remote.base_url("inventory"), call_timeout=5.0, breaker=CircuitBreaker("inventory", options),
+    return RemoteClient(
+        fake_remote.base_url("inventory"), call_timeout=call_timeout, breaker=CircuitBreaker("inventory", options),
     )
+
+
+def test_an_open_breaker_postpones_a_step_that_could_not_call_but_fails_one_whose_own_call_failed(fake_remote):
+    fake_remote.set_faults(script={f"o-{i}": ["always:transient"] for i in range(1, 4)})
+    remote = with_breaker(fake_remote, call_timeout=5.0)
     retrying = AgentPolicy(max_calls=4, backoff_initial=0.01, backoff_max=0.02)
 
     async def three_requests():
@@ -176,14 +180,9 @@ def test_an_open_breaker_postpones_a_step_that_could_not_call_but_fails_one_whos
 
 
 def test_a_lookup_refused_after_the_attempts_own_call_timed_out_ends_the_attempt_unanswered(fake_remote):
-    from agents.breaker import BreakerOptions, CircuitBreaker
-
     # o-1 fails at once; o-2's call is applied but answered after the call's timeout.
     fake_remote.set_faults(script={"o-1": ["always:transient"], "o-2": ["slow"]}, slow_seconds=2)
-    options = BreakerOptions(failure_ratio=1.0, minimum_throughput=2, sampling_seconds=30, open_seconds=30, jitter=0.0)
-    remote = RemoteClient(
-        fake_remote.base_url("inventory"), call_timeout=0.5, breaker=CircuitBreaker("inventory", options),
-    )
+    remote = with_breaker(fake_remote, call_timeout=0.5)
     once = AgentPolicy(max_calls=1, backoff_initial=0.01, backoff_max=0.02)
 
     async def two_requests():
