@@ -206,3 +206,21 @@ def test_a_call_that_does_not_count_is_refused_while_open_but_never_takes_the_tr
 def test_options_that_could_open_it_on_one_request_or_never_are_refused(fields, message):
     with pytest.raises(ValueError, match=message):
         BreakerOptions(**fields)
+
+
+def test_the_agents_build_their_breakers_from_the_app_settings(monkeypatch):
+    from adapters.settings import Settings
+    from agents.blueprint import breaker_options
+
+    monkeypatch.setenv("AzureWebJobsStorage", "UseDevelopmentStorage=true")
+    monkeypatch.setenv("ServiceBusConnection", "Endpoint=sb://localhost/;SharedAccessKeyName=k;SharedAccessKey=x")
+    assert breaker_options(Settings()) == BreakerOptions()  # the settings' defaults are the options' own
+    for name, value in {"BREAKER_FAILURE_RATIO": "0.8", "BREAKER_MINIMUM_THROUGHPUT": "20",
+                        "BREAKER_SAMPLING_SECONDS": "60", "BREAKER_OPEN_SECONDS": "5"}.items():
+        monkeypatch.setenv(name, value)
+    assert breaker_options(Settings()) == BreakerOptions(
+        failure_ratio=0.8, minimum_throughput=20, sampling_seconds=60, open_seconds=5,
+    )
+    monkeypatch.setenv("BREAKER_MINIMUM_THROUGHPUT", "1")  # one request alone could open it: refused
+    with pytest.raises(ValueError, match="BREAKER_MINIMUM_THROUGHPUT"):
+        Settings()
