@@ -107,6 +107,7 @@ class CircuitBreaker:
         self._gave_way: set[str] = set()
         self._opened_at = 0.0
         self._trial: str | None = None
+        self._trial_at = 0.0
         #: State changes, by the state entered (logged, and counted for tests and figures).
         self.changes: Counter[str] = Counter()
         #: Told of every state change: (service, state entered), e.g. to count it as a metric.
@@ -118,10 +119,6 @@ class CircuitBreaker:
             self._half_open_if_due()
             return self._state
 
-    @property
-    def open_seconds(self) -> float:
-        return self.options.open_seconds
-
     def before_call(self, request: str) -> None:
         """Raise :class:`BreakerOpen` unless ``request`` may call now (in half-open: the
         one trial, which a request that has just failed leaves to a waiting one)."""
@@ -130,9 +127,11 @@ class CircuitBreaker:
             self._half_open_if_due()
             if self._state is BreakerState.CLOSED:
                 return
+            if self._trial is not None and now - self._trial_at > self.options.open_seconds:
+                self._trial = None  # a trial that never reported (no call made after all): not held for ever
             if self._state is BreakerState.HALF_OPEN and self._trial is None:
                 if not self._should_give_way(request, now):
-                    self._trial = request
+                    self._trial, self._trial_at = request, now
                     self._waiting.pop(request, None)
                     return
                 self._gave_way.add(request)

@@ -172,6 +172,20 @@ def test_a_request_overdue_by_more_than_an_open_period_is_not_waited_for():
     b.before_call("a")  # the trial: nobody is due back
 
 
+def test_a_trial_that_never_reports_is_given_to_another_after_an_open_period():
+    clock = Clock()
+    b = opened(clock)
+    clock.now += 30
+    b.before_call("e")  # the trial, whose call is never made (e.g. no bulkhead slot before its deadline)
+    clock.now += 30
+    with pytest.raises(BreakerOpen):
+        b.before_call("f")  # still out
+    clock.now += 1
+    b.before_call("f")  # not held for ever
+    b.succeeded("f")
+    assert b.state is BreakerState.CLOSED
+
+
 def test_the_wait_told_to_callers_is_spread_by_the_jitter():
     clock = Clock()
     b = breaker(clock, fraction=1.0)
