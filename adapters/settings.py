@@ -67,14 +67,19 @@ class Settings(BaseSettings):
     agent_max_calls: int = _setting("AGENT_MAX_CALLS", 6, ge=1, le=100)
     agent_backoff_initial_seconds: PositiveSeconds = _setting("AGENT_BACKOFF_INITIAL_SECONDS", 0.2)
     agent_backoff_max_seconds: PositiveSeconds = _setting("AGENT_BACKOFF_MAX_SECONDS", 5.0)
-    #: Calls in a row that failed transiently (from at least two requests) after which an agent stops calling a remote service
-    #: (per remote service, per host instance) and postpones its steps instead.
-    breaker_failure_threshold: int = _setting("BREAKER_FAILURE_THRESHOLD", 5, ge=1, le=1000)
-    #: How long the breaker stays open before one trial call.
+    #: The agents' circuit breaker, per remote service per host instance (agents/breaker.py):
+    #: it opens when, over the last BREAKER_SAMPLING_SECONDS, at least
+    #: BREAKER_MINIMUM_THROUGHPUT distinct requests called the service and at least
+    #: BREAKER_FAILURE_RATIO of them failed transiently (a request counts once, however
+    #: often it retries); then no call for BREAKER_OPEN_SECONDS, and its lines that could
+    #: not call are postponed, not failed; then one trial call.
+    breaker_failure_ratio: float = _setting("BREAKER_FAILURE_RATIO", 0.5, gt=0, le=1)
+    breaker_minimum_throughput: int = _setting("BREAKER_MINIMUM_THROUGHPUT", 5, ge=2, le=100_000)
+    breaker_sampling_seconds: PositiveSeconds = _setting("BREAKER_SAMPLING_SECONDS", 30.0)
     breaker_open_seconds: PositiveSeconds = _setting("BREAKER_OPEN_SECONDS", 30.0)
-    #: A line postponed this many times in a row (its service down, or failing that one
-    #: line every time) counts one failed attempt: an outage of about this many open
-    #: periods per failure, MAX_FAILURES failures, before the order is undone.
+    #: A line postponed this many times in a row (its service down for everyone) counts
+    #: one failed attempt: an outage of about this many open periods per failure,
+    #: MAX_FAILURES failures, ends in the failure path (undo, or Error with an alert).
     max_postponements: int = _setting("MAX_POSTPONEMENTS", 10, ge=1, le=1000)
     #: The bulkhead: calls to one remote service in flight from one host instance at most.
     remote_max_concurrent_calls: int = _setting("REMOTE_MAX_CONCURRENT_CALLS", 16, ge=1, le=1000)

@@ -36,7 +36,9 @@ async def run(request: AgentRequest, *, remote: RemoteClient, now: Callable[[], 
                 return _response(request, Outcome.SUCCEEDED, result=settled)
         result = await remote.call(request, now=now)
     except BreakerOpen as error:
-        # The service is down: this line neither ran nor failed; it waits and runs again.
+        # The service is down for everyone and this attempt could not call at all: the
+        # line neither ran nor failed; it waits and runs again. (An attempt whose own call
+        # failed before the breaker refused it ends below, counted by its own policy.)
         log.warning("order %s %s %s postponed: %s", request.order_id, request.kind.value, request.step, error)
         return _response(request, Outcome.POSTPONED, error=str(error), retry_after_seconds=error.retry_after)
     except PermanentRemoteError as error:

@@ -22,7 +22,7 @@ from adapters.messaging import AsyncPublisher
 from adapters.settings import Settings, get_settings
 from adapters.wiring import instance_id, parse_or_drop, services
 from agents import agent
-from agents.breaker import BreakerState, CircuitBreaker
+from agents.breaker import BreakerOptions, BreakerState, CircuitBreaker
 from agents.remote import RemoteClient
 from core import names
 from core.models import AgentRequest, utcnow
@@ -48,13 +48,20 @@ class AgentRuntime:
             self.clients[remote] = RemoteClient(
                 s.remote_url(remote),
                 call_timeout=s.remote_call_timeout_seconds,
-                breaker=CircuitBreaker(
-                    remote, failure_threshold=s.breaker_failure_threshold, open_seconds=s.breaker_open_seconds,
-                    on_change=_breaker_changed,
-                ),
+                breaker=CircuitBreaker(remote, breaker_options(s), on_change=_breaker_changed),
                 max_concurrent_calls=s.remote_max_concurrent_calls,
             )
         return self.clients[remote]
+
+
+def breaker_options(settings: Settings) -> BreakerOptions:
+    """The breakers' options from the app settings (BREAKER_*)."""
+    return BreakerOptions(
+        failure_ratio=settings.breaker_failure_ratio,
+        minimum_throughput=settings.breaker_minimum_throughput,
+        sampling_seconds=settings.breaker_sampling_seconds,
+        open_seconds=settings.breaker_open_seconds,
+    )
 
 
 #: Publishes breaker changes one at a time, in the order they happened (a change to

@@ -22,7 +22,7 @@ import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from adapters import telemetry
-from agents.breaker import CircuitBreaker
+from agents.breaker import BreakerOpen, CircuitBreaker
 from core import names
 from core.models import AgentRequest
 from core.workflow import Kind
@@ -79,12 +79,19 @@ def complete_by_header(when: datetime) -> str:
 
 @dataclass
 class _Tally:
-    """One request's calls (its retries): has a transient failure been counted yet?
-    ``counts``: False for lookups, which neither take the breaker's half-open trial nor
-    count toward it (a lookup's 404 says nothing about whether the action would work)."""
+    """One attempt's calls (its retries): ``key`` names the request to the breaker (the
+    line's idempotency key: one request however often it is sent); ``failed``: has one
+    of them failed transiently. ``counts``: False for lookups, which neither take the
+    breaker's half-open trial nor count toward it (a lookup's 404 says nothing about
+    whether the action would work)."""
 
+    key: str
     failed: bool = False
     counts: bool = True
+    #: Did the last call end without telling whether it was applied (a timeout, a
+    #: dropped connection)? And how did it fail?
+    unknown: bool = False
+    last_error: str = ""
 
 
 class RemoteClient:
@@ -134,7 +141,9 @@ class RemoteClient:
         self, request: AgentRequest, *, now: Callable[[], datetime] = lambda: datetime.now(UTC)
     ) -> dict[str, Any]:
         """The remote result; raises PermanentRemoteError, DeadlineReached, or
-        TransientRemoteError when the calls ran out before the deadline did."""
+        TransientRemoteError when the calls ran out before the deadline did, or when the
+        breaker refused a retry after this attempt's own call had failed; BreakerOpen
+        only when the breaker refused the attempt's first call (nothing was sent)."""
         policy = request.policy
 
         def time_left() -> float:
@@ -155,8 +164,7 @@ class RemoteClient:
         def past_deadline(state: RetryCallState) -> bool:
             return time_left() - (state.upcoming_sleep or 0.0) < MIN_CALL_SECONDS
 
-        tally = _Tally()
-        unknown = False  # did the last call end without telling whether it was applied?
+        tally = _Tally(request.idempotency_key)
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(TransientRemoteError),
             wait=wait,
@@ -164,26 +172,35 @@ class RemoteClient:
             sleep=self._sleep,
             reraise=True,
         )
-        async for attempt in retrying:
-            with attempt:
-                if attempt.retry_state.attempt_number > 1:
-                    telemetry.remote_retried(request.remote, request.action)
-                if unknown and request.lookup:
-                    # The last call may have been applied: ask before sending it again.
-                    settled = await self.lookup(request, now=now)
-                    if settled is not None:
-                        log.info("%s for order %s: applied already, settled by lookup", request.action, request.order_id)
-                        return settled
-                left = time_left()
-                if left < MIN_CALL_SECONDS:
-                    raise DeadlineReached(f"complete-by {request.complete_by.isoformat()} reached")
-                try:
-                    return await self._post(
-                        request, timeout=min(self.call_timeout, left), time_left=time_left, tally=tally
-                    )
-                except TransientRemoteError as error:
-                    unknown = error.unknown
-                    raise
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:
+                        telemetry.remote_retried(request.remote, request.action)
+                    if tally.unknown and request.lookup:
+                        # The last call may have been applied: ask before sending it again.
+                        settled = await self.lookup(request, now=now)
+                        if settled is not None:
+                            log.info("%s for order %s: applied already, settled by lookup", request.action, request.order_id)
+                            return settled
+                    left = time_left()
+                    if left < MIN_CALL_SECONDS:
+                        raise DeadlineReached(f"complete-by {request.complete_by.isoformat()} reached")
+                    try:
+                        return await self._post(
+                            request, timeout=min(self.call_timeout, left), time_left=time_left, tally=tally
+                        )
+                    except TransientRemoteError as error:
+                        tally.unknown, tally.last_error = error.unknown, str(error)
+                        raise
+        except BreakerOpen as error:
+            if not tally.failed:
+                raise  # no call of this attempt was made: the line is postponed, not failed
+            # This attempt's own call failed, then the breaker opened: the attempt is judged
+            # by the line's own policy, as exhausted retries are (no response; the
+            # supervisor counts the failure at complete-by, when the call that failed can
+            # no longer take effect).
+            raise TransientRemoteError(f"{tally.last_error}; then {error}", unknown=tally.unknown) from error
         raise AssertionError("unreachable")  # pragma: no cover - AsyncRetrying returns or raises
 
     async def lookup(
@@ -200,7 +217,7 @@ class RemoteClient:
         try:
             status, text, _ = await self._request(
                 request, "GET", f"{request.action}/{{key}}", url, None, {}, min(self.call_timeout, time_left()),
-                time_left, _Tally(counts=False),
+                time_left, _Tally(request.idempotency_key, counts=False),
             )
         except TransientRemoteError as error:
             log.info("lookup %s failed (%s): sending the action", url, error)
@@ -219,11 +236,11 @@ class RemoteClient:
         timeout: float, time_left: Callable[[], float], tally: _Tally,
     ) -> tuple[int, str, str | None]:
         """One call through the breaker and the bulkhead: (status, text, Retry-After).
-        Transient failures are recorded by the breaker, once per request (``tally``); a
+        Transient failures are recorded by the breaker, once per request (``tally.key``); a
         wait for a bulkhead slot never outlasts the deadline. Each call is an HTTP client
         span whose context goes to the remote service in the ``traceparent`` header."""
         if self.breaker is not None:
-            self.breaker.before_call() if tally.counts else self.breaker.refuse_if_open()
+            self.breaker.before_call(tally.key) if tally.counts else self.breaker.refuse_if_open()
         try:
             await asyncio.wait_for(self._bulkhead().acquire(), timeout=max(0.0, time_left() - MIN_CALL_SECONDS))
         except asyncio.TimeoutError as error:
@@ -267,9 +284,9 @@ class RemoteClient:
         if self.breaker is None or not tally.counts:
             return
         if ok:
-            self.breaker.succeeded()
+            self.breaker.succeeded(tally.key)
         else:
-            self.breaker.failed(new_request=not tally.failed)
+            self.breaker.failed(tally.key)
             tally.failed = True
 
     async def _post(

@@ -849,13 +849,14 @@ class Runner:
                        "nudged after the wait)", r.lines_postponed, "",
                        note=f"{r.orders_postponed} orders postponed at least once")
         section.figure("failures", "failed attempts counted on the orders' lines", r.failures, "")
-        section.figure("dropped", "requests dropped by the agents past complete-by",
+        section.figure("dropped", "attempts the agents ended unanswered (calls ran out, or the breaker refused a "
+                       "retry after the attempt's own call failed: counted at complete-by)",
                        sum(b.dropped for b in r.breakers), "")
         section.table(
             f"the breakers for {down}, per host (from the host logs)",
             ["host", "first opened (s after the outage began)", "openings", "half-open trials failed",
              "half-open trials succeeded", f"closed again (s after {down} was back)",
-             "requests its agent answered 'postponed' (no call)", "requests dropped past complete-by"],
+             "requests its agent answered 'postponed' (no call)", "attempts ended unanswered"],
             [[b.name, b.first_open, b.openings, b.trials_failed, b.trials_ok, b.closed_after_back,
               b.postponed_requests, b.dropped] for b in r.breakers],
             note=f"The fake remote counts calls per service, not per caller, so the per-host figure is the total "
@@ -872,8 +873,8 @@ class Runner:
         section.intro = (
             f"{down} answers 503 to every call for {plan.outage_seconds:g} s (the fake remote's `transient` rate "
             f"1.0) while {r.orders} orders of {pipeline.STEPS} steps are sent at an even rate over that time to "
-            f"{r.hosts} hosts with {settings} (breaker: {resilience.DEFAULT_OPEN_SECONDS:g} s open, 5 failed calls in a row "
-            "from at least two requests; step timeout 30 s; supervisor every 15 s; 10 postponements in a row count one failure); then "
+            f"{r.hosts} hosts with {settings} (breaker: {resilience.DEFAULT_OPEN_SECONDS:g} s open, opened by half of at least 5 "
+            "distinct requests failing within 30 s; step timeout 30 s; supervisor every 15 s; 10 postponements in a row count one failure); then "
             f"{down} is back, and every order is waited for ({plan.outage_timeout:g} s at most). Targets: no order "
             f"undone or in Error, at most 5 calls to {down} per host per open period while it is down, every order "
             f"Processed within 30 s of {down}'s return."

@@ -208,13 +208,15 @@ def complete(
 def postpone(
     state: OrderState, response: AgentResponse, now: datetime, pending_timeout: timedelta, max_postponements: int
 ) -> Transition | None:
-    """The remote service is down (the agent's breaker is open): the current line was
-    not run and did not fail. Back to Pending, due after the wait; no failure counted,
-    and the supervisor sees a deadline after the wait, so it counts no miss either.
+    """The remote service is down for everyone (the agent's breaker refused the
+    attempt's first call): the current line was not run and did not fail. Back to
+    Pending, due after the wait; no failure counted, and the supervisor sees a deadline
+    after the wait, so it counts no miss either. (An attempt whose own call failed is
+    never postponed: the agent sends no response and the supervisor counts it.)
 
     A wait is not endless: the ``max_postponements``-th postponement in a row counts as
-    one failed attempt (the count starts again), so a service that stays down, or that
-    fails this one line every time, ends in the failure path like any other failure.
+    one failed attempt (the count starts again), so a service that stays down ends in
+    the failure path like any other failure.
     """
     if not accepts_response(state, response):
         return None

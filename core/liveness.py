@@ -30,9 +30,13 @@ undoes). That is :func:`order_bound`.
 is postponed instead of failing; each postponement waits at most the open time plus
 its jitter, ``w = max(O, 1 s) + j*O + P + S`` (``O`` = BREAKER_OPEN_SECONDS, ``j`` the
 jitter fraction). Once the service is back, every breaker half-opens within ``O`` and
-a trial closes it, so an outage of length ``D`` adds at most ``D + w`` to each line it
-holds up: :func:`order_bound` with ``outage=D`` adds ``D + w`` per remaining line at the
-service that was down (or at every service, when none is named).
+a trial closes it: the postponement that spans the return ends within ``w``, and a
+line can be refused once more in half-open (while the trial is out, or because it has
+just failed and gives the trial to a line that waits: agents/breaker.py), told to wait
+``max(1 s, ...) + j*O``, within ``w`` again. So an outage of length ``D`` adds at most
+``D + 2w`` to each line it holds up (its attempts count against its own ``F`` as ever):
+:func:`order_bound` with ``outage=D`` adds ``D + 2w`` per remaining line at the service
+that was down (or at every service, when none is named).
 """
 
 from __future__ import annotations
@@ -104,7 +108,7 @@ def order_bound(
         step = workflow.steps[index]
         total += line_bound(step.policy.over(defaults), timing)
         if outage > timedelta(0) and outage_remote in (None, step.remote):
-            total += outage + postponement_wait(timing)
+            total += outage + 2 * postponement_wait(timing)
     return total
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 
 from adapters import telemetry
-from core import lifecycle, names
+from core import lifecycle, liveness, names
 from adapters.closing import close_order
 from core.lifecycle import SupervisorPolicy, Verdict
 from adapters.messaging import Nudger, Publisher
@@ -25,6 +25,19 @@ def policy_from(settings: Settings) -> SupervisorPolicy:
         pending_timeout=settings.pending_timeout,
         backoff_base=timedelta(seconds=settings.retry_backoff_base_seconds),
         backoff_cap=timedelta(seconds=settings.retry_backoff_max_seconds),
+    )
+
+
+def liveness_timing(settings: Settings) -> liveness.Timing:
+    """The settings the liveness bound depends on besides each step's policy
+    (core/liveness.py; docs/workflows.md, "How long an order can take"); the breaker's
+    jitter is the agents' (agents/breaker.py, BreakerOptions.jitter)."""
+    return liveness.Timing(
+        supervisor_interval=liveness.supervisor_interval(settings.supervisor_schedule),
+        pending_timeout=settings.pending_timeout,
+        backoff_base=timedelta(seconds=settings.retry_backoff_base_seconds),
+        backoff_cap=timedelta(seconds=settings.retry_backoff_max_seconds),
+        breaker_open=timedelta(seconds=settings.breaker_open_seconds),
     )
 
 

@@ -18,6 +18,7 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -25,11 +26,13 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
 from adapters import telemetry
 from adapters.messaging import agent_request_id
+from adapters.settings import Settings
 from adapters.store import OrderNotFound, OrderRecord
 from adapters.wiring import services
-from core import names
+from core import liveness, names
 from core.models import AgentResponse, Context, LineRecord, OrderState, Outcome, ProcessState
-from core.workflow import Kind
+from core.workflow import Kind, workflow
+from supervisor.supervision import liveness_timing
 from tests.polling import wait_until
 from tests.servicebus_helpers import bodies, receive
 
@@ -76,6 +79,8 @@ class Stack:
     remote: object
     funchost: object
     hosts: list = field(default_factory=list)
+    #: The app settings the hosts were last started with (FAST and the test's overrides).
+    host_settings: dict[str, str] = field(default_factory=dict)
 
     @property
     def connection_string(self) -> str:
@@ -86,6 +91,7 @@ class Stack:
         ``app_dir``, another script root; each writes its spans and metric points to files
         of its own (:meth:`spans`, :meth:`metric_points`), as the local stack's hosts do."""
         env = {**FAST, **overrides}
+        self.host_settings = env
         started = []
         for _ in range(count):
             n = len(self.funchost.hosts) + 1
@@ -205,6 +211,26 @@ class Stack:
             "context": Context(fence=s, order=json.loads(captured.document), results=captured.results()),
         }
         return AgentResponse(**{**fields, **changes})
+
+    def assert_within_bound(
+        self, order_id: str, submitted_at: datetime, *, outage: timedelta = timedelta(0),
+        outage_remote: str | None = None,
+    ) -> timedelta:
+        """The order is terminal, and it got there within the liveness bound
+        (core.liveness.order_bound, docs/workflows.md "How long an order can take") computed
+        from the hosts' own settings. Measured from ``submitted_at``, which is earlier than
+        any line's first failure, against the bound from the first action's first failure
+        (every line of the order may still run): conservative. Returns the time it took."""
+        state = self.state(order_id)
+        assert state is not None and state.process_state.terminal, f"order {order_id} is not terminal: {state}"
+        settings = Settings(**self.host_settings)
+        definition = workflow(state.workflow, state.workflow_version)
+        bound = liveness.order_bound(
+            definition, settings.step_defaults(), liveness_timing(settings), outage=outage, outage_remote=outage_remote,
+        )
+        took = state.updated_at - submitted_at
+        assert took <= bound, f"order {order_id} took {took.total_seconds():.1f} s, over its bound {bound}"
+        return took
 
     # -- what the hosts logged ----------------------------------------------------------
 

@@ -9,7 +9,7 @@ import re
 from collections import Counter
 
 from adapters.wiring import services
-from core.models import Outcome, ProcessState, idempotency_key
+from core.models import Outcome, ProcessState, idempotency_key, utcnow
 from core.workflow import Kind
 from devtools.fake_remote.ledger import confirmation_for
 from devtools.orders import order_json
@@ -56,6 +56,7 @@ def test_lost_response_is_recovered_by_the_supervisor_with_one_effect(stack):
     # (GET by idempotency key) and is settled with the first result.
     stack.remote.set_faults(script={"l-1/charge": ["slow"]}, slow_seconds=10)
     stack.start_hosts(AGENT_MAX_CALLS="1")  # one call per attempt: no retry hides the lost answer
+    submitted = utcnow()
     stack.send([("l-1", order_json("l-1"))])
 
     state = stack.wait_closed(["l-1"], timeout=40)["l-1"]
@@ -70,6 +71,7 @@ def test_lost_response_is_recovered_by_the_supervisor_with_one_effect(stack):
     assert payments["lookups"] == 1 and payments["by_key"] == {idempotency_key("l-1", "charge", "charge"): 1}
     # Settled with the first answer, whose confirmation the remote derives from the key.
     assert charge.result["confirmation"] == confirmation_for(idempotency_key("l-1", "charge", "charge"))
+    stack.assert_within_bound("l-1", submitted)
 
 
 def test_agent_killed_mid_call_is_recovered_on_another_host(stack):
@@ -96,6 +98,7 @@ def test_a_step_that_cannot_be_undone_ends_in_error_when_it_gives_up_and_is_not_
     # Error for an operator, reserve and charge stay applied, and nothing moves any more.
     stack.remote.set_faults(script={"h-1/ship": ["always:hang"]}, slow_seconds=30)
     stack.start_hosts(MAX_FAILURES="2", AGENT_MAX_CALLS="1", REMOTE_CALL_TIMEOUT_SECONDS="2")
+    submitted = utcnow()
     stack.send([("h-1", order_json("h-1"))])
 
     state = stack.wait_closed(["h-1"], timeout=40)["h-1"]
@@ -109,6 +112,7 @@ def test_a_step_that_cannot_be_undone_ends_in_error_when_it_gives_up_and_is_not_
     assert [a["order_id"] for a in alerts] == ["h-1"] and "ship" in alerts[0]["last_error"]
     assert stack.remote.net("h-1") == {"inventory": {"reserve": 1}, "payments": {"charge": 1}}
     assert stack.remote.effects()["undos"] == 0 and not any(c.kind != A for c in stack.claims("h-1"))
+    stack.assert_within_bound("h-1", submitted)
     calls, record = stack.remote.effects()["calls"], stack.record("h-1")
     sweeps = len(stack.hosts[0].invocations("supervise"))
     # Two more supervisor periods: nothing moves any more.
@@ -196,7 +200,9 @@ def test_two_supervisors_handle_each_expired_row_once(stack):
     ids = [f"s-{i:02d}" for i in range(20)]
     # The first reserve call of each order hangs: its first attempt times out.
     stack.remote.set_faults(script={f"{order_id}/reserve": ["hang"] for order_id in ids}, slow_seconds=30)
-    stack.start_hosts(2, AGENT_MAX_CALLS="1", BREAKER_FAILURE_THRESHOLD="50")
+    # 20 requests whose first attempts all time out are, to a breaker, a service that is
+    # down: keep it closed (this test is about the supervisors).
+    stack.start_hosts(2, AGENT_MAX_CALLS="1", BREAKER_MINIMUM_THROUGHPUT="50")
     stack.send([(order_id, order_json(order_id)) for order_id in ids])
     states = stack.wait_closed(ids, timeout=60)
     assert processed(states) == 20

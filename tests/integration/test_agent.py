@@ -8,6 +8,7 @@ import time
 from datetime import timedelta
 
 from agents import agent
+from agents.breaker import BreakerOptions, CircuitBreaker
 from agents.remote import RemoteClient
 from core import lifecycle
 from core.models import AgentPolicy, AgentRequest, Context, Outcome, idempotency_key, utcnow
@@ -144,14 +145,17 @@ def test_the_response_echoes_the_context_for_the_scheduler(fake_remote):
     assert response.context == sent.context and response.step == "reserve" and response.kind is Kind.ACTION
 
 
-def test_an_open_breaker_postpones_the_step_without_calling_the_service(fake_remote):
-    from agents.breaker import CircuitBreaker
-
-    fake_remote.set_faults(script={f"o-{i}": ["always:transient"] for i in range(1, 4)})
-    remote = RemoteClient(
-        fake_remote.base_url("inventory"), call_timeout=5.0,
-        breaker=CircuitBreaker("inventory", failure_threshold=3, open_seconds=30, jitter=0.0),
+def with_breaker(fake_remote, *, call_timeout: float) -> RemoteClient:
+    """An inventory client whose breaker opens once two distinct requests are failing."""
+    options = BreakerOptions(failure_ratio=1.0, minimum_throughput=2, sampling_seconds=30, open_seconds=30, jitter=0.0)
+    return RemoteClient(
+        fake_remote.base_url("inventory"), call_timeout=call_timeout, breaker=CircuitBreaker("inventory", options),
     )
+
+
+def test_an_open_breaker_postpones_a_step_that_could_not_call_but_fails_one_whose_own_call_failed(fake_remote):
+    fake_remote.set_faults(script={f"o-{i}": ["always:transient"] for i in range(1, 4)})
+    remote = with_breaker(fake_remote, call_timeout=5.0)
     retrying = AgentPolicy(max_calls=4, backoff_initial=0.01, backoff_max=0.02)
 
     async def three_requests():
@@ -164,15 +168,36 @@ def test_an_open_breaker_postpones_the_step_without_calling_the_service(fake_rem
 
     first, calls, second, third = asyncio.run(three_requests())
     # One request alone does not open it, however often it retries: the first used all
-    # its calls (its attempt ran out; the supervisor retries those)...
+    # its calls (its attempt ran out: no response, the supervisor counts it)...
     assert first is None and calls == 4
-    # ...the second request's first failure made it two requests and enough calls: that
-    # step stopped there, postponed...
-    assert second.outcome is Outcome.POSTPONED and fake_remote.effects()["calls"] == 5
-    assert 29 <= second.retry_after_seconds <= 30
-    # ...and the next step for that service was not sent at all.
-    assert third.outcome is Outcome.POSTPONED
+    # ...the second request's first failure made two failing requests: it opened, and
+    # refused that request's retry. Its own call failed, so the attempt is judged by
+    # its own policy: no response (counted at complete-by), not postponed...
+    assert second is None and fake_remote.effects()["calls"] == 5
+    # ...while the next step for that service, which could not call at all, is postponed.
+    assert third.outcome is Outcome.POSTPONED and 29 <= third.retry_after_seconds <= 30
     assert fake_remote.effects()["calls"] == 5
+
+
+def test_a_lookup_refused_after_the_attempts_own_call_timed_out_ends_the_attempt_unanswered(fake_remote):
+    # o-1 fails at once; o-2's call is applied but answered after the call's timeout.
+    fake_remote.set_faults(script={"o-1": ["always:transient"], "o-2": ["slow"]}, slow_seconds=2)
+    remote = with_breaker(fake_remote, call_timeout=0.5)
+    once = AgentPolicy(max_calls=1, backoff_initial=0.01, backoff_max=0.02)
+
+    async def two_requests():
+        first = await agent.run(request("o-1", policy=once), remote=remote, now=utcnow)
+        second = await agent.run(request("o-2"), remote=remote, now=utcnow)
+        await remote.close()
+        return first, second
+
+    first, second = asyncio.run(two_requests())
+    # o-2's timeout made two failing requests: the breaker opened and refused the lookup
+    # o-2 wanted before its retry. Its own call failed, so it is not postponed: the
+    # attempt ends unanswered and the supervisor counts it (the next attempt asks first).
+    assert first is None and second is None
+    inventory = fake_remote.effects()["services"]["inventory"]
+    assert (inventory["calls"], inventory["lookups"]) == (2, 0)
 
 
 def test_an_unknown_outcome_is_settled_by_lookup_without_a_second_post(fake_remote):

@@ -39,10 +39,12 @@ def test_remaining_lines_after_a_failing_action_include_every_undo():
 
 def test_order_bound_sums_the_remaining_lines_and_the_outage():
     assert liveness.order_bound(ORDER_WORKFLOW, DEFAULTS, TIMING, step_index=1) == 4 * 42 * S
-    # w = O 10 + j*O 5 + P 5 + S 2 = 22; payments has two remaining lines (charge, refund).
+    # w = O 10 + j*O 5 + P 5 + S 2 = 22; payments has two remaining lines (charge, refund),
+    # each held up by the outage and at most two waits (the one spanning the return, one
+    # refusal in half-open).
     outage = 60 * S
     bound = liveness.order_bound(ORDER_WORKFLOW, DEFAULTS, TIMING, step_index=1, outage=outage, outage_remote="payments")
-    assert bound == 4 * 42 * S + 2 * (outage + 22 * S)
+    assert bound == 4 * 42 * S + 2 * (outage + 2 * 22 * S)
 
 
 @pytest.mark.parametrize(
@@ -55,3 +57,22 @@ def test_supervisor_interval_from_the_schedule(schedule, seconds):
 def test_supervisor_interval_refuses_other_forms():
     with pytest.raises(ValueError, match=r"\*/N"):
         liveness.supervisor_interval("0 0 * * * *")
+
+
+def test_liveness_timing_reads_the_app_settings_and_the_agents_jitter(monkeypatch):
+    from adapters.settings import Settings
+    from agents.breaker import BreakerOptions
+    from supervisor.supervision import liveness_timing
+
+    monkeypatch.setenv("AzureWebJobsStorage", "UseDevelopmentStorage=true")
+    monkeypatch.setenv("ServiceBusConnection", "Endpoint=sb://localhost/;SharedAccessKeyName=k;SharedAccessKey=x")
+    monkeypatch.setenv("SUPERVISOR_SCHEDULE", "*/5 * * * * *")
+    monkeypatch.setenv("PENDING_TIMEOUT_SECONDS", "7")
+    monkeypatch.setenv("RETRY_BACKOFF_BASE_SECONDS", "0.5")
+    monkeypatch.setenv("RETRY_BACKOFF_MAX_SECONDS", "4")
+    monkeypatch.setenv("BREAKER_OPEN_SECONDS", "12")
+    timing = liveness_timing(Settings())
+    assert timing == Timing(
+        supervisor_interval=5 * S, pending_timeout=7 * S, backoff_base=0.5 * S, backoff_cap=4 * S,
+        breaker_open=12 * S, breaker_jitter=BreakerOptions().jitter,
+    )
