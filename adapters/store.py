@@ -472,11 +472,13 @@ class StateStore:
             extra_parameters["after"] = after
 
         def rows(query: str, parameters: dict[str, Any]) -> Iterator[IndexRow]:
+            # A generator: the query is sent by whichever thread first asks for a row.
             self._op("index_query")
             found = self.table.query_entities(
                 query + extra, parameters={**parameters, **extra_parameters}, results_per_page=page or 1000
             )
-            return (IndexRow(r["RowKey"], r["IndexedAt"], r.metadata["etag"], r["PartitionKey"]) for r in found)
+            for r in found:
+                yield IndexRow(r["RowKey"], r["IndexedAt"], r.metadata["etag"], r["PartitionKey"])
 
         return [rows(query, parameters) for query, parameters in self._index_queries()]
 

@@ -3,6 +3,8 @@ StateStore over the in-memory table that enforces ETags."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from datetime import timedelta
 
@@ -94,3 +96,33 @@ def test_pages_of_in_flight_orders_run_in_order_id_order_across_shards_and_a_cha
         if after is None:
             break
     assert seen == ids
+
+
+class SlowQueries(MemoryTable):
+    """Each query takes 50 ms, as a round trip would; records how many ran at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = self.most = 0
+        self.guard = threading.Lock()
+
+    def query_entities(self, *args, **kwargs):
+        with self.guard:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(0.05)
+            return super().query_entities(*args, **kwargs)
+        finally:
+            with self.guard:
+                self.running -= 1
+
+
+def test_the_sweep_reads_the_shards_at_once():
+    table = SlowQueries()
+    store = StateStore(table, shards=16)
+    started = time.monotonic()
+    assert list(store.sweep(utcnow(), younger_than_cannot_expire=timedelta(0))) == []
+    elapsed = time.monotonic() - started
+    assert table.most >= 8, table.most  # 18 queries (16 shards and the two ranges) on 16 threads
+    assert elapsed < 18 * 0.05 / 2, elapsed  # one after the other would take 0.9 s
