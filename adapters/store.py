@@ -693,8 +693,14 @@ class StateStore:
         partitions, is read whole and sorted), each order once even while the sweep moves
         its row between partitions."""
         *shards, beyond, unsharded = self._index_rows(after=after, page=page)
-        merged = heapq.merge(*shards, iter(sorted(beyond, key=lambda r: r.order_id)), unsharded,
-                             key=lambda row: row.order_id)
+
+        def first_page_read(rows: Iterator[IndexRow]) -> Iterator[IndexRow]:
+            first = next(rows, None)
+            return iter(()) if first is None else itertools.chain([first], rows)
+
+        # Each partition's first page read at once (a page needs the head of every one).
+        heads = list(_concurrently(first_page_read, [*shards, unsharded]))
+        merged = heapq.merge(*heads, iter(sorted(beyond, key=lambda r: r.order_id)), key=lambda row: row.order_id)
         last = None
         for row in merged:
             if row.order_id != last:
