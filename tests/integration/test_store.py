@@ -10,8 +10,11 @@ from datetime import datetime, timedelta
 import pytest
 from azure.data.tables import TableClient, TableTransactionError
 
-from adapters.store import ACTIVE_PARTITION, ConcurrencyConflict, OrderConflict, OrderNotFound, StateStore
-from core import lifecycle
+from adapters.clients import development_storage
+from adapters.settings import Settings
+from adapters.store import UNSHARDED_ACTIVE_PARTITION, ConcurrencyConflict, OrderConflict, OrderNotFound, StateStore
+from adapters.wiring import Services
+from core import lifecycle, names
 from core.models import AgentResponse, Context, LineState, OrderRequest, Outcome, ProcessState, utcnow
 from core.workflow import ORDER_WORKFLOW, StepPolicy
 from devtools.orders import order_json
@@ -209,7 +212,7 @@ def test_sweep_reads_only_in_flight_rows(store):
     store.ops.clear()
     expired = store.list_expired(now + STEP + timedelta(seconds=1))
     assert sorted(s.order_id for s in expired) == sorted(in_flight)
-    assert store.ops["index_query"] == 1
+    assert store.ops["index_query"] == store.shards + 2  # one query per index partition, whatever the table holds
     assert store.ops["read"] == len(in_flight), "the sweep read rows that are not in flight"
 
 
@@ -226,7 +229,7 @@ def test_sweep_heals_an_index_row_whose_order_is_terminal_or_missing(store, orde
     store.write(claimed, claimed.model_copy(update={"process_state": ProcessState.PROCESSED}))
     # An orphan: index row without order rows, older than the grace period.
     orders_table.upsert_entity(
-        {"PartitionKey": ACTIVE_PARTITION, "RowKey": "ghost", "IndexedAt": utcnow() - timedelta(hours=1)}
+        {"PartitionKey": UNSHARDED_ACTIVE_PARTITION, "RowKey": "ghost", "IndexedAt": utcnow() - timedelta(hours=1)}
     )
     terminal = list(store.sweep(utcnow(), younger_than_cannot_expire=timedelta(0)))
     assert [s.order_id for s in terminal] == [created.state.order_id]  # handed to the supervisor to finish
@@ -277,3 +280,29 @@ def test_a_rejected_body_larger_than_a_row_is_kept_whole_in_part_rows(orders_tab
     assert [(row["MessageId"], row["Reason"]) for row in rows] == [("m-small", "small"), ("m-big", "too big")]
     assert rows[1]["Body"] == body and rows[1]["BodyBytes"] == len(body)
     assert rows[0]["Body"] == b"{}"
+
+
+def test_the_tables_live_in_the_state_account_when_one_is_named(
+    monkeypatch, table_service, storage_connection_string, unique_name
+):
+    """StateStorage names the order state's own account: the app's tables go there, the
+    scheduler's queue stays with AzureWebJobsStorage (here an account where nothing listens,
+    so any table call that went there would fail)."""
+    tables = {names.ORDERS_TABLE_SETTING: unique_name("orders"), names.REJECTIONS_TABLE_SETTING: unique_name("rejections")}
+    for key, value in {
+        names.STORAGE_CONNECTION: development_storage(blob=1, queue=1, table=1),
+        names.STATE_STORAGE_CONNECTION: storage_connection_string,
+        names.SERVICEBUS_CONNECTION: "Endpoint=sb://127.0.0.1:1/;SharedAccessKeyName=k;SharedAccessKey=a2V5",
+        **tables,
+    }.items():
+        monkeypatch.setenv(key, value)
+    services = Services.from_settings(Settings())
+    try:
+        _, created = new_order(services.store, "o-state")  # a real write: the table is where Azurite listens
+        assert created.created and services.store.get("o-state").order_id == "o-state"
+        assert ":1/" in services.nudger.queue.url  # the nudges stay with the host's account
+    finally:
+        services.publisher.close()
+        for name in tables.values():
+            table_service.delete_table(name)
+
