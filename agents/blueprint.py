@@ -24,7 +24,7 @@ from adapters.wiring import instance_id, parse_or_drop, services
 from agents import agent
 from agents.breaker import BreakerState, CircuitBreaker
 from agents.remote import RemoteClient
-from core import names
+from core import claims, names
 from core.models import AgentRequest, utcnow
 from core.workflow import remotes
 
@@ -92,7 +92,13 @@ def runtime() -> AgentRuntime:
 
 
 async def handle(msg: func.ServiceBusMessage, remote: str) -> None:
-    request = parse_or_drop(AgentRequest, msg.get_body(), what="agent request", message_id=msg.message_id)
+    # A request that cannot be acted on (malformed, or naming a step, action or remote the
+    # workflow does not have for this agent) is dropped with a log line and counted, like
+    # every internal message (README, "Failure handling"): its line, if real, times out.
+    request = parse_or_drop(
+        AgentRequest, msg.get_body(), what="agent_request", message_id=msg.message_id,
+        check=lambda r: claims.check_request(r, remote),
+    )
     if request is None:
         return
     r = runtime()
