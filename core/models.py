@@ -365,6 +365,34 @@ def message_id_for(order_id: str, body: bytes) -> str:
     return f"{order_id}:{hashlib.sha256(body).hexdigest()[:16]}"
 
 
+_HOST = re.compile(r"^[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+(:[0-9]+)?$")
+
+
+def queue_key(name: str) -> str:
+    """A Service Bus queue name as the broker resolves it, to compare two spellings.
+
+    Entity names are case-insensitive in Service Bus, and an entity is addressed as the
+    path of ``sb://<namespace>.servicebus.windows.net/<path>``, with ``/`` separating
+    segments; a subqueue is a segment after the queue (``orders/$DeadLetterQueue``).
+    https://learn.microsoft.com/rest/api/servicebus/send-message (namespace and paths),
+    https://learn.microsoft.com/azure/service-bus-messaging/service-bus-dead-letter-queues
+    So ``ORDERS``, ``orders/``, ``/orders``, `` orders ``, ``orders/$DeadLetterQueue``,
+    ``sb://ns.servicebus.windows.net/orders`` and ``ns.servicebus.windows.net/orders``
+    all give ``orders``. Errs towards "the same": used to keep a client's ReplyTo off
+    the app's own queues, where a false match only costs the client its status events.
+    """
+    text = name.strip()
+    if "://" in text:
+        text = text.split("://", 1)[1]
+        text = text.split("/", 1)[1] if "/" in text else ""
+    parts = [part.strip() for part in text.split("/") if part.strip()]
+    if len(parts) > 1 and _HOST.match(parts[0]) and "." in parts[0]:
+        parts = parts[1:]  # a namespace's host name in front of the entity path
+    while len(parts) > 1 and parts[-1].startswith("$"):
+        parts = parts[:-1]  # $DeadLetterQueue, $Transfer/$DeadLetterQueue, $management
+    return "/".join(parts).casefold()
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
