@@ -249,3 +249,38 @@ def test_context_carries_nothing_the_scheduler_trusts():
     assert w.last.step == "charge"
     assert w.last.context.order == request.context.order
     assert w.last.context.results == {"reserve": {"confirmation": "r-1"}}
+
+
+def test_the_hostile_corpus_says_what_the_checks_do_for_each_case():
+    """devtools/corpus/hostile_messages.json, offline: each case parses, or not, and passes
+    the checks, or not, as its expectation says (the e2e test sends them through the host)."""
+    from pydantic import ValidationError
+
+    from devtools.corpus.hostile import INVENTORY_REQUESTS, NUDGES, RESPONSES, base_messages, hostile_body, load_hostile_messages
+
+    w, _ = processed()
+    record = w.store.read("o-1")
+    bases = base_messages(record.state, record.document, w.now)
+    checks = {
+        RESPONSES: (AgentResponse, claims.check_response),
+        NUDGES: (Nudge, claims.check_nudge),
+        INVENTORY_REQUESTS: (AgentRequest, lambda r: claims.check_request(r, "inventory")),
+    }
+    cases = load_hostile_messages()
+    assert {c["queue"] for c in cases} == set(checks)
+    assert {c["expect"].get("dropped") for c in cases} >= {"malformed", "untrusted", "forged", None}
+    for case in cases:
+        model, check = checks[case["queue"]]
+        body = hostile_body(case, bases, current_etag=record.state.etag, other_order="o-2")
+        try:
+            message = model.model_validate_json(body)
+        except (ValidationError, ValueError):
+            assert case["expect"] == {"dropped": "malformed"}, case["name"]
+            continue
+        found = check(message)
+        if case["expect"].get("dropped") == "untrusted":
+            assert found is not None, case["name"]
+        else:
+            assert found is None and case["expect"] != {"dropped": "malformed"}, (case["name"], found)
+            claimed = message.state if isinstance(message, Nudge) else message.context.fence
+            assert dispatch.forged(claimed, record.state) == (case["expect"] == {"dropped": "forged"}), case["name"]
