@@ -83,7 +83,7 @@ def parse_or_drop(
         return None
     reason = check(message) if check is not None else None
     if reason is not None:
-        log.error("%s %s dropped: %s", what, shown, reason)
+        log.error("%s %s for order %s dropped: %s", what, shown, str(getattr(message, "order_id", "?"))[:120], reason)
         telemetry.message_dropped(what, names.DROP_UNTRUSTED)
         return None
     return message

@@ -12,7 +12,9 @@ lines so far), never on what a message claims. A nudge's snapshot and a response
 fence (the row as claimed, with its ETag) are claims: anyone who can send to the queue
 can write them, and a matching ETag proves only that the row is unchanged since that
 ETag, not that the message's other fields are the row's. A message whose claim names
-the row's current ETag with other contents is a forgery: dropped and counted.
+the row's current ETag with other contents is a forgery: dropped and counted. The one
+decision made without a read is an order's first claim, proven by its transaction
+(:func:`_first_claim`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from adapters.messaging import Nudger, Publisher
 from adapters.store import ConcurrencyConflict, OrderNotFound, OrderRecord, StateStore
 from core import lifecycle, names
 from core.lifecycle import Transition
+from core.claims import concrete_etag
 from core.models import (
     AgentPolicy,
     AgentRequest,
@@ -38,8 +41,10 @@ from core.models import (
     Nudge,
     OrderState,
     Outcome,
+    ProcessState,
     Status,
     StatusEvent,
+    first_claim_key,
     idempotency_key,
 )
 from core.workflow import Kind, StepPolicy, UnknownWorkflow, Workflow, workflow
@@ -71,6 +76,9 @@ def schedule(nudge: Nudge, *, scheduler: Scheduler, now: datetime) -> AgentReque
     """Claim the order's current line and send its agent request. None when there is
     nothing to send (the row is not Pending, another instance won the claim, the claim
     ended the order, or the nudge's snapshot is forged)."""
+    first = _first_claim(nudge, scheduler, now)
+    if first is not None:
+        return first
     written = _apply(
         scheduler.store, nudge, now,
         lambda s, wf: lifecycle.claim(s, wf, scheduler.instance, now, scheduler.defaults),
@@ -113,6 +121,51 @@ def record(response: AgentResponse, *, scheduler: Scheduler, now: datetime) -> O
         results[response.step] = response.result or {}
     _carry_out(scheduler, state, transition, json.loads(read.document), results, now)
     return state
+
+
+def _first_claim(nudge: Nudge, scheduler: Scheduler, now: datetime) -> AgentRequest | None:
+    """An order's first claim without a read, from the nudge its submission sent.
+
+    The nudge's snapshot says the order was never claimed; the claim's transaction
+    proves it: If-Match on the snapshot's ETag (the row is unchanged since), and the
+    deletion of the order's first-claim seal, a row written at submission whose key
+    digests the workflow, the ReplyTo and the document (core.models.first_claim_key).
+    The seal exists only until the first claim, so the row's lines, attempt and failures
+    are a new order's: exactly what :func:`pristine` requires of the snapshot; and the
+    key matches only the workflow, ReplyTo and document the order was submitted with.
+    Any lie, or a lost race, fails the whole transaction: None, and :func:`schedule`
+    decides on the row as read instead.
+    """
+    state, document = nudge.state, nudge.document
+    if state is None or document is None or not concrete_etag(state.etag) or not pristine(state):
+        return None
+    definition = workflow(state.workflow, state.workflow_version)
+    transition = lifecycle.claim(state, definition, scheduler.instance, now, scheduler.defaults)
+    if transition is None or not transition.dispatch:
+        return None
+    seal = first_claim_key(state.workflow, state.workflow_version, state.reply_to, document)
+    try:
+        claimed = scheduler.store.write(state, transition.state, transition.lines, consume=seal)
+    except (ConcurrencyConflict, OrderNotFound):
+        return None
+    return _carry_out(scheduler, claimed, transition, json.loads(document), {}, now)
+
+
+def pristine(state: OrderState) -> bool:
+    """A new order's state as submission writes it: Pending at the first step of a
+    workflow the app has, never claimed (the fields a claim reads are those of
+    :func:`core.lifecycle.new_order`)."""
+    try:
+        definition = workflow(state.workflow, state.workflow_version)
+    except UnknownWorkflow:
+        return False
+    return (
+        state.process_state is ProcessState.PENDING
+        and (state.step_index, state.kind, state.step) == (0, Kind.ACTION, definition.steps[0].name)
+        and (state.attempt, state.failure_count, state.postponements) == (0, 0, 0)
+        and (state.plan, state.failed, state.gave_up, state.max_failures) == ((), (), False, None)
+        and state.locked_by is None and state.cause is None
+    )
 
 
 def trace_parent_of(message: Nudge | AgentResponse) -> telemetry.TraceContext | None:

@@ -11,12 +11,24 @@ tests/e2e/test_hostile_messages.py.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 
 from core import claims
-from core.models import AgentRequest, AgentResponse, Context, Nudge, Outcome, ProcessState
+from core.models import (
+    FIRST_CLAIM_PREFIX,
+    AgentRequest,
+    AgentResponse,
+    Context,
+    Nudge,
+    OrderRequest,
+    Outcome,
+    ProcessState,
+    first_claim_key,
+)
 from core.workflow import Kind
+from devtools.orders import order_dict
 from scheduler import dispatch
 from tests.unit.test_workflow import World
 
@@ -136,17 +148,57 @@ def test_a_nudge_snapshot_claiming_error_or_a_later_step_moves_nothing():
     assert request is not None and request.step == "charge" and w.state().step == "charge"
 
 
-def test_a_nudge_document_is_never_sent_to_an_agent():
-    """The first claim reads the order from the table: a nudge's document is ignored."""
+def created(w: World, order_id: str = "o-1"):
+    """An order written as submission writes it, not yet claimed: its state and document."""
+    order = OrderRequest.model_validate(order_dict(order_id, lines=1))
+    made = w.store.create_order(
+        order, workflow=w.definition, reply_to="replies", now=w.now, pending_timeout=timedelta(seconds=30)
+    )
+    return made.state, order.document()
+
+
+def test_the_first_claim_from_the_submissions_nudge_reads_nothing_and_consumes_the_seal():
     w = World()
-    order_id = "o-2"
-    w.submit("o-1")
-    created = w.store.read("o-1")
-    # The same order's row, nudged again with a forged document (it is Processing: no claim).
-    forged = Nudge(order_id="o-1", state=created.state, document=json.dumps({"order_id": "o-1", "total": "0.01"}))
-    assert dispatch.schedule(forged, scheduler=w.scheduler, now=w.now) is None
-    assert w.last.context.order == json.loads(created.document)
-    assert dispatch.schedule(Nudge(order_id=order_id), scheduler=w.scheduler, now=w.now) is None  # no such order
+    state, document = created(w)
+    assert any(key.startswith(FIRST_CLAIM_PREFIX) for key in w.table.rows("o-1"))
+    before = w.table.ops.copy()
+    request = dispatch.schedule(Nudge(order_id="o-1", state=state, document=document), scheduler=w.scheduler, now=w.now)
+    assert request is not None and request.step == "reserve" and request.attempt == 1
+    assert w.table.ops - before == {"transaction": 1}  # the claim's MERGE and the seal's delete, no read
+    assert not any(key.startswith(FIRST_CLAIM_PREFIX) for key in w.table.rows("o-1"))
+    # The same nudge again (a redelivery): no seal left, so the row is read, and it is not Pending.
+    before = w.table.ops.copy()
+    assert dispatch.schedule(Nudge(order_id="o-1", state=state, document=document), scheduler=w.scheduler, now=w.now) is None
+    assert (w.table.ops - before)["query"] == 1 and len(w.publisher.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "lie",
+    [{"document": json.dumps({"order_id": "o-1", "total": "0.01"})}, {"reply_to": "alerts"},
+     {"step_index": 2, "step": "ship"}, {"attempt": 0, "etag": "*"}],
+)
+def test_a_first_claim_nudge_that_lies_is_claimed_as_the_row_says_or_not_at_all(lie):
+    """A forged document or ReplyTo fails the seal (the key digests them); a snapshot
+    that is not a new order's takes the read path; the order is claimed from its rows."""
+    w = World()
+    state, document = created(w)
+    document = lie.pop("document", document)
+    nudge = Nudge(order_id="o-1", state=state.model_copy(update=lie), document=document)
+    request = dispatch.schedule(nudge, scheduler=w.scheduler, now=w.now)
+    real = json.loads(w.store.read("o-1").document)
+    if request is not None:  # claimed from the rows: the real document, the real line
+        assert request.step == "reserve" and request.context.order == real
+        assert w.publisher.statuses[-1].order_id == "o-1"
+    assert w.state().reply_to == "replies" and w.state().step == "reserve"
+    assert all(r.context.order == real for _, r in w.publisher.requests)
+
+
+def test_a_seal_names_the_workflow_the_reply_to_and_the_document():
+    keys = {
+        first_claim_key("order", 1, "replies", "{}"), first_claim_key("order", 2, "replies", "{}"),
+        first_claim_key("order", 1, None, "{}"), first_claim_key("order", 1, "replies", "{ }"),
+    }
+    assert len(keys) == 4 and all(k.startswith(FIRST_CLAIM_PREFIX) and len(k) < 60 for k in keys)
 
 
 def reason(check, message, **paths) -> str | None:
