@@ -234,9 +234,10 @@ class LineRecord(Line):
 class Nudge(_Message):
     """Asks the scheduler to look at an order.
 
-    ``state`` (with its ETag) and ``document`` are a snapshot the sender already had.
-    While the snapshot is current the scheduler claims with one conditional write and
-    no read; a stale snapshot fails the If-Match and the scheduler reads the row.
+    ``state`` (with its ETag) and ``document`` are a snapshot the sender already had: a
+    claim, never the row. Only an order's first claim uses them instead of a read, and
+    its transaction proves them (the first-claim seal: :func:`first_claim_key`); any
+    other nudge is decided on the row as read (scheduler/dispatch.py).
     """
 
     order_id: str
@@ -257,8 +258,8 @@ class AgentPolicy(_Message):
 
 class Context(_Message):
     """What the scheduler hands along with a request and gets back with the response:
-    opaque to the agent, echoed unchanged, so the scheduler records the outcome and
-    starts the next line with one conditional write and no read."""
+    opaque to the agent, echoed unchanged. A claim only: the scheduler checks it
+    (core/claims.py) and decides on the rows it reads, never on this."""
 
     #: The state row as claimed for this attempt (with its ETag): the fence.
     fence: OrderState
