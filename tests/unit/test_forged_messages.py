@@ -336,3 +336,17 @@ def test_the_hostile_corpus_says_what_the_checks_do_for_each_case():
             assert found is None and case["expect"] != {"dropped": "malformed"}, (case["name"], found)
             claimed = message.state if isinstance(message, Nudge) else message.context.fence
             assert dispatch.forged(claimed, record.state) == (case["expect"] == {"dropped": "forged"}), case["name"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"\xff\xfe", b"null", b"[" * 100_000, b'{"order_id": ' + b"9" * 5000 + b"}", b'{"order_id": NaN}',
+     b'{"order_id": "o-1", "state": {"etag": "*"}}', "{\"order_id\": \"\u00e9\"}".encode("utf-16")],
+)
+def test_no_body_makes_the_edge_raise(body):
+    """Whatever bytes arrive on an internal queue, the edge returns None (dropped)."""
+    from adapters.wiring import parse_or_drop
+
+    for model, check in ((Nudge, claims.check_nudge), (AgentResponse, claims.check_response),
+                         (AgentRequest, lambda r: claims.check_request(r, "inventory"))):
+        assert parse_or_drop(model, body, what="test", message_id=None, check=check) is None
