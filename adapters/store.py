@@ -10,6 +10,7 @@ PartitionKey       RowKey                 what
                                           the current line of the workflow
 ``<OrderId>``      ``step-01-reserve``    how step 1's action ended (:class:`LineRecord`)
 ``<OrderId>``      ``undo-01-reserve``    how step 1's compensation ended
+``<OrderId>``      ``first-claim-<hex>``  the first claim's seal (core.models.first_claim_key)
 ``_active-007``    ``<OrderId>``          the active index: one row per in-flight order,
                                           in the shard a hash of its id picks
 =================  =====================  ==========================================
@@ -52,7 +53,7 @@ from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
 from adapters import telemetry
 from core import lifecycle, names
-from core.models import LineRecord, LineState, OrderRequest, OrderState, ProcessState
+from core.models import LineRecord, LineState, OrderRequest, OrderState, ProcessState, first_claim_key
 from core.workflow import Kind, Workflow
 
 ORDER_ROW = "order"
@@ -305,9 +306,11 @@ class StateStore:
         # Index first: a crash after this line leaves an index row the supervisor
         # can heal; the other order would leave an order nobody supervises.
         self._index(order.order_id, now)
+        seal = first_claim_key(state.workflow, state.workflow_version, state.reply_to, document)
         operations = [
             ("create", {"PartitionKey": order.order_id, "RowKey": ORDER_ROW, "Document": document}),
             ("create", state_to_entity(state)),
+            ("create", {"PartitionKey": order.order_id, "RowKey": seal}),  # the first claim's seal (dispatch.py)
         ]
         try:
             self._op("transaction")
@@ -362,9 +365,12 @@ class StateStore:
 
     # -- transitions ----------------------------------------------------------------
 
-    def write(self, current: OrderState, new: OrderState, lines: Sequence[LineRecord] = ()) -> OrderState:
+    def write(
+        self, current: OrderState, new: OrderState, lines: Sequence[LineRecord] = (), *, consume: str | None = None
+    ) -> OrderState:
         """Write ``new`` over ``current`` if the row is unchanged since ``current`` was read,
-        together with the rows of the lines that end with it.
+        together with the rows of the lines that end with it, and deleting the row
+        ``consume`` of the partition, which must exist (else :class:`ConcurrencyConflict`).
 
         The state row gets only the properties that differ (a MERGE), with If-Match on
         ``current.etag``; with lines, all of it is one entity-group transaction, which
@@ -378,13 +384,18 @@ class StateStore:
         changes.update(PartitionKey=new.order_id, RowKey=STATE_ROW)
         guard = {"etag": current.etag, "match_condition": MatchConditions.IfNotModified}
         try:
-            if not lines:
+            if not lines and consume is None:
                 self._op("update")
                 metadata = self.table.update_entity(changes, mode=UpdateMode.MERGE, **guard)
             else:
                 self._op("transaction")
                 operations = [("update", changes, {"mode": UpdateMode.MERGE, **guard})]
                 operations += [("upsert", line_to_entity(line), {"mode": UpdateMode.REPLACE}) for line in lines]
+                if consume is not None:  # If-Match *: a 404 when it is gone fails the whole transaction
+                    operations.append(
+                        ("delete", {"PartitionKey": new.order_id, "RowKey": consume},
+                         {"match_condition": MatchConditions.Unconditionally})
+                    )
                 metadata = self.table.submit_transaction(operations)[0]
         except ResourceModifiedError as error:
             raise ConcurrencyConflict(f"order {new.order_id!r} changed since it was read") from error
@@ -394,6 +405,8 @@ class StateStore:
             if getattr(error, "status_code", None) == 412 or "UpdateConditionNotSatisfied" in str(error):
                 raise ConcurrencyConflict(f"order {new.order_id!r} changed since it was read") from error
             if getattr(error, "status_code", None) == 404:
+                if consume is not None:
+                    raise ConcurrencyConflict(f"order {new.order_id!r}: no row {consume!r} to consume") from error
                 raise OrderNotFound(f"no order {new.order_id!r}") from error
             raise
         return new.model_copy(update={"etag": metadata["etag"]})

@@ -362,6 +362,10 @@ class _Metrics:
             names.METRIC_BREAKER_CHANGES, unit="{change}",
             description="Circuit breaker state changes, by the state entered.",
         )
+        self.messages_dropped = meter.create_counter(
+            names.METRIC_MESSAGES_DROPPED, unit="{message}",
+            description="Internal messages that could not be acted on, dropped at once, by kind and reason.",
+        )
         # Per operation, so counted the cheap way: a tally in the process (a dict increment),
         # read by the SDK when it collects (an SDK counter's add costs tens of microseconds).
         self.table_operations = meter.create_observable_counter(
@@ -414,6 +418,12 @@ def breaker_changed(remote: str, state: Any) -> None:
 
 def table_operation(operation: str) -> None:
     _TABLE_OPERATIONS.add((names.ATTR_OPERATION, operation))
+
+
+def message_dropped(operation: str, reason: str) -> None:
+    """An internal message (``operation``: nudge, agent_request, agent_response) dropped
+    because it cannot be acted on (``reason``: one of ``names.DROP_*``)."""
+    METRICS.messages_dropped.add(1, attributes(operation=operation, drop_reason=reason))
 
 
 def message_sent(transport: str, operation: str) -> None:

@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -21,6 +22,7 @@ from adapters import clients, telemetry
 from adapters.messaging import Nudger, Publisher
 from adapters.settings import Settings, get_settings
 from adapters.store import RejectionStore, StateStore
+from core import names
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +64,29 @@ def _ensure_table(tables, name: str) -> None:
 M = TypeVar("M", bound=BaseModel)
 
 
-def parse_or_drop(model: type[M], body: bytes, *, what: str, message_id: str | None) -> M | None:
-    """A message of ours parsed at the function's edge, or None (logged) when it is not
-    one: such a message is dropped, never retried, and loses no order (the supervisor
-    recovers any order whose message went missing)."""
+def parse_or_drop(
+    model: type[M], body: bytes, *, what: str, message_id: object, check: Callable[[M], str | None] | None = None
+) -> M | None:
+    """An internal message parsed and checked at the function's edge, or None when it
+    cannot be acted on: malformed (not JSON, not ``model``), or refused by ``check``
+    (core/claims.py: what it claims no copy of the app sends). Such a message is
+    dropped at once with a log line and counted (``messages.dropped {operation: what}``):
+    never raised out of the function, so never redelivered nor dead-lettered, and it
+    loses no order (the supervisor recovers any order whose message went missing).
+    The rule is the same for every internal queue (README, "Failure handling")."""
+    shown = str(message_id)[:120]
     try:
-        return model.model_validate_json(body)
-    except ValueError as error:
-        log.error("malformed %s %s dropped: %s", what, message_id, error)
+        message = model.model_validate_json(body)
+    except (ValueError, RecursionError) as error:  # ValidationError is a ValueError
+        log.error("malformed %s %s dropped: %s", what, shown, str(error)[:2_000])
+        telemetry.message_dropped(what, names.DROP_MALFORMED)
         return None
+    reason = check(message) if check is not None else None
+    if reason is not None:
+        log.error("%s %s for order %s dropped: %s", what, shown, str(getattr(message, "order_id", "?"))[:120], reason)
+        telemetry.message_dropped(what, names.DROP_UNTRUSTED)
+        return None
+    return message
 
 
 def instance_id() -> str:

@@ -24,8 +24,8 @@ from adapters.wiring import instance_id, parse_or_drop, services
 from agents import agent
 from agents.breaker import BreakerOptions, BreakerState, CircuitBreaker
 from agents.remote import RemoteClient
-from core import names
-from core.models import AgentRequest, utcnow
+from core import claims, names
+from core.models import AgentRequest, queue_key, utcnow
 from core.workflow import remotes
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,13 @@ def runtime() -> AgentRuntime:
 
 
 async def handle(msg: func.ServiceBusMessage, remote: str) -> None:
-    request = parse_or_drop(AgentRequest, msg.get_body(), what="agent request", message_id=msg.message_id)
+    # A request that cannot be acted on (malformed, or naming a step, action or remote the
+    # workflow does not have for this agent) is dropped with a log line and counted, like
+    # every internal message (README, "Failure handling"): its line, if real, times out.
+    request = parse_or_drop(
+        AgentRequest, msg.get_body(), what="agent_request", message_id=msg.message_id,
+        check=lambda r: claims.check_request(r, remote),
+    )
     if request is None:
         return
     r = runtime()
@@ -113,7 +119,12 @@ async def handle(msg: func.ServiceBusMessage, remote: str) -> None:
         response = await agent.run(request, remote=r.remote(remote), now=utcnow)
         telemetry.annotate(outcome=response.outcome if response is not None else "no_response")
         if response is not None:
-            await r.publisher.send_agent_response(response, queue=msg.reply_to or r.settings.agent_responses_queue)
+            # Always to the app's own responses queue: a request's ReplyTo is a claim like the
+            # rest of it, and one naming another queue (alerts, orders) would misroute the answer.
+            queue = r.settings.agent_responses_queue
+            if msg.reply_to and queue_key(str(msg.reply_to)) != queue_key(queue):
+                log.warning("agent request %s names ReplyTo %r: answered on %s", msg.message_id, msg.reply_to, queue)
+            await r.publisher.send_agent_response(response, queue=queue)
 
 
 def bind(blueprint: func.Blueprint, remote: str, run_agent) -> None:

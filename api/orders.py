@@ -6,14 +6,15 @@ with its status, never a stack trace: 400 for a bad order id, state, limit or
 continuation; 401/403 for a caller without the role (core/access.py), 403 for a
 POST from another site's page (its Origin, :func:`same_origin`); 404 for an
 unknown order; 405 for a method the route does not take; 409 for a resubmit of an
-order that is not in Error. A failure of the app itself (storage down) is left to the
-Functions host, which answers 500 with an empty body and records the failure.
+order that is not in Error. No input reaches a 500: a failure of the app itself
+(storage down) answers 500 ``internal_error`` in the same JSON, and is logged.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -35,6 +36,7 @@ MAX_LIMIT = 1000
 LIST_PARAMETERS = ("state", "limit", "continuation")
 
 _ORDER_ID = TypeAdapter(OrderId)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,9 @@ def serve(
         return action()
     except BadRequest as error:
         return refused(400, "bad_request", str(error))
+    except Exception:  # noqa: BLE001 - the app's own failure (storage down): JSON too, never a trace
+        log.exception("%s request failed", method.upper())
+        return refused(500, "internal_error", "the app could not answer this request (logged); try again later")
 
 
 #: Methods that change nothing: any page may send them (a browser sends them anyway).
@@ -106,7 +111,10 @@ def same_origin(headers: Mapping[str, str]) -> bool:
     origin = headers.get("origin")
     if not origin:
         return True
-    netloc = urlsplit(origin).netloc.lower()
+    try:
+        netloc = urlsplit(origin).netloc.lower()
+    except ValueError:  # e.g. "http://[::1": an Origin that does not parse is not this site
+        return False
     hosts = {headers.get(name, "").split(",")[0].strip().lower() for name in ("host", "x-forwarded-host")}
     return bool(netloc) and netloc in hosts - {""}
 

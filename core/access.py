@@ -60,7 +60,7 @@ class Principal:
     def from_header(cls, value: str) -> Principal:
         try:
             decoded = json.loads(base64.b64decode(value.strip(), validate=True))
-        except (binascii.Error, ValueError, UnicodeDecodeError) as error:
+        except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError) as error:
             raise BadPrincipal("the client principal header is not base64-encoded JSON") from error
         if not isinstance(decoded, dict) or not isinstance(decoded.get("claims"), list):
             raise BadPrincipal("the client principal header has no claims")
@@ -69,7 +69,7 @@ class Principal:
         role_types = {role_type} if isinstance(role_type, str) and role_type else set(_ROLE_CLAIM_TYPES)
         roles, name = set(), None
         for claim in decoded["claims"]:
-            if not isinstance(claim, dict) or not isinstance(claim.get("val"), str):
+            if not isinstance(claim, dict) or not all(isinstance(claim.get(key), str) for key in ("typ", "val")):
                 continue
             if claim.get("typ") in role_types:
                 roles.add(claim["val"])

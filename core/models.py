@@ -240,9 +240,10 @@ class LineRecord(Line):
 class Nudge(_Message):
     """Asks the scheduler to look at an order.
 
-    ``state`` (with its ETag) and ``document`` are a snapshot the sender already had.
-    While the snapshot is current the scheduler claims with one conditional write and
-    no read; a stale snapshot fails the If-Match and the scheduler reads the row.
+    ``state`` (with its ETag) and ``document`` are a snapshot the sender already had: a
+    claim, never the row. Only an order's first claim uses them instead of a read, and
+    its transaction proves them (the first-claim seal: :func:`first_claim_key`); any
+    other nudge is decided on the row as read (scheduler/dispatch.py).
     """
 
     order_id: str
@@ -263,8 +264,8 @@ class AgentPolicy(_Message):
 
 class Context(_Message):
     """What the scheduler hands along with a request and gets back with the response:
-    opaque to the agent, echoed unchanged, so the scheduler records the outcome and
-    starts the next line with one conditional write and no read."""
+    opaque to the agent, echoed unchanged. A claim only: the scheduler checks it
+    (core/claims.py) and decides on the rows it reads, never on this."""
 
     #: The state row as claimed for this attempt (with its ETag): the fence.
     fence: OrderState
@@ -370,6 +371,48 @@ def message_id_for(order_id: str, body: bytes) -> str:
     """The MessageId of an order message: :data:`MESSAGE_ID_RULE`. Every sender of orders
     (``ordersctl send-order``, the demo, the soak, the benchmarks, the tests) uses this."""
     return f"{order_id}:{hashlib.sha256(body).hexdigest()[:16]}"
+
+
+_HOST = re.compile(r"^[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+(:[0-9]+)?$")
+
+
+def queue_key(name: str) -> str:
+    """A Service Bus queue name as the broker resolves it, to compare two spellings.
+
+    Entity names are case-insensitive in Service Bus, and an entity is addressed as the
+    path of ``sb://<namespace>.servicebus.windows.net/<path>``, with ``/`` separating
+    segments; a subqueue is a segment after the queue (``orders/$DeadLetterQueue``).
+    https://learn.microsoft.com/rest/api/servicebus/send-message (namespace and paths),
+    https://learn.microsoft.com/azure/service-bus-messaging/service-bus-dead-letter-queues
+    So ``ORDERS``, ``orders/``, ``/orders``, `` orders ``, ``orders/$DeadLetterQueue``,
+    ``sb://ns.servicebus.windows.net/orders`` and ``ns.servicebus.windows.net/orders``
+    all give ``orders``. Errs towards "the same": used to keep a client's ReplyTo off
+    the app's own queues, where a false match only costs the client its status events.
+    """
+    text = name.strip()
+    if "://" in text:
+        text = text.split("://", 1)[1]
+        text = text.split("/", 1)[1] if "/" in text else ""
+    parts = [part.strip() for part in text.split("/") if part.strip()]
+    if len(parts) > 1 and _HOST.match(parts[0]) and "." in parts[0]:
+        parts = parts[1:]  # a namespace's host name in front of the entity path
+    while len(parts) > 1 and parts[-1].startswith("$"):
+        parts = parts[:-1]  # $DeadLetterQueue, $Transfer/$DeadLetterQueue, $management
+    return "/".join(parts).casefold()
+
+
+FIRST_CLAIM_PREFIX = "first-claim-"
+
+
+def first_claim_key(workflow: str, version: int, reply_to: str | None, document: str) -> str:
+    """The RowKey of the row that seals an order's first claim: written with the order at
+    submission, deleted by its first claim in the same transaction as the claim. It
+    names what the first claim takes from the nudge instead of reading it (the
+    workflow, the ReplyTo and the document), so a nudge that lies about any of them, or
+    an order claimed before, finds no such row and its claim fails whole
+    (scheduler/dispatch.py)."""
+    digest = hashlib.sha256(f"{workflow}\n{version}\n{reply_to or ''}\n{document}".encode()).hexdigest()
+    return f"{FIRST_CLAIM_PREFIX}{digest[:32]}"
 
 
 def utcnow() -> datetime:

@@ -237,6 +237,7 @@ ATTR_VERDICT = "supervisor.verdict"
 ATTR_BREAKER_STATE = "breaker.state"
 ATTR_OPERATION = "operation"
 ATTR_TRANSPORT = "transport"  # servicebus | storage_queue
+ATTR_DROP_REASON = "drop.reason"  # why an internal message was dropped: DROP_*
 
 # Metrics.
 METRIC_ORDERS_SUBMITTED = "orders.submitted"  # counter {order.outcome: created, duplicate, rejected}
@@ -250,6 +251,14 @@ METRIC_REMOTE_RETRIES = "remote.retries"  # counter {remote.service, remote.acti
 METRIC_BREAKER_CHANGES = "breaker.state_changes"  # counter {remote.service, breaker.state}
 METRIC_TABLE_OPERATIONS = "table.operations"  # counter {operation}
 METRIC_MESSAGES_SENT = "messages.sent"  # counter {transport, operation}
+#: counter {operation: nudge | agent_request | agent_response, drop.reason}: internal
+#: messages that could not be acted on, dropped at once (README, "Failure handling").
+METRIC_MESSAGES_DROPPED = "messages.dropped"
+
+# Why an internal message was dropped (the drop.reason attribute).
+DROP_MALFORMED = "malformed"  # not JSON, or not the message's model
+DROP_UNTRUSTED = "untrusted"  # parsed, but claims what no copy of the app sends (core/claims.py)
+DROP_FORGED = "forged"  # names the row's current ETag with contents that are not the row's
 
 #: Every metric the app records.
 METRICS: tuple[str, ...] = (
@@ -264,4 +273,5 @@ METRICS: tuple[str, ...] = (
     METRIC_BREAKER_CHANGES,
     METRIC_TABLE_OPERATIONS,
     METRIC_MESSAGES_SENT,
+    METRIC_MESSAGES_DROPPED,
 )

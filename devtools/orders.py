@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -134,8 +135,9 @@ def load_odd_messages() -> list[dict]:
 def _amqp_value(spec):
     """A JSON spec as the AMQP value a client would send (``{"uuid": ...}``, ``{"long": n}``,
     ``{"binary_hex": ...}``, ``{"typed_binary_hex": ...}`` (an application property the SDK
-    sends as an AMQP binary), ``{"decimal": "1.25"}`` (a decimal128), ``{"repeat": c, "count": n}``;
-    anything else as it is)."""
+    sends as an AMQP binary), ``{"decimal": "1.25"}`` (a decimal128), ``{"repeat": c, "count": n}``,
+    ``{"own_queue": "ALERTS_QUEUE", "as": "{}/"}`` for one of the app's queues as its app setting
+    names it; anything else as it is)."""
     if isinstance(spec, dict):
         if "uuid" in spec:
             return uuid.UUID(spec["uuid"])
@@ -149,6 +151,9 @@ def _amqp_value(spec):
             return Decimal(spec["decimal"])
         if "repeat" in spec:
             return spec["repeat"] * spec["count"]
+        if "own_queue" in spec:  # one of the app's queues (its app setting), spelled as given
+            name = spec["as"].format(os.environ[spec["own_queue"]])
+            return name.upper() if spec.get("upper") else name
         return {key: _amqp_value(value) for key, value in spec.items()}
     if isinstance(spec, list):
         return [_amqp_value(value) for value in spec]

@@ -7,7 +7,7 @@ import azure.functions as func
 
 from adapters import telemetry
 from adapters.wiring import Services, parse_or_drop, services
-from core import names
+from core import claims, names
 from core.models import AgentResponse, Nudge, utcnow
 from core.workflow import CURRENT
 from scheduler import dispatch, submission
@@ -64,9 +64,11 @@ def submit_order(msg: func.ServiceBusMessage, nudge: func.Out[str]) -> None:
 @bp.function_name("schedule_order")
 @bp.queue_trigger(arg_name="msg", queue_name=f"%{names.SCHEDULER_QUEUE_SETTING}%", connection=names.STORAGE_CONNECTION)
 def schedule_order(msg: func.QueueMessage) -> None:
-    # A malformed nudge is not one of ours: dropping it loses no order (the supervisor
-    # re-nudges every Pending row whose deadline passes).
-    if (nudge := parse_or_drop(Nudge, msg.get_body(), what="nudge", message_id=msg.id)) is not None:
+    # A nudge that cannot be acted on (malformed, or claiming what the app never sends) is
+    # dropped with a log line and counted: that loses no order (the supervisor re-nudges
+    # every Pending row whose deadline passes). README, "Failure handling".
+    nudge = parse_or_drop(Nudge, msg.get_body(), what="nudge", message_id=msg.id, check=claims.check_nudge)
+    if nudge is not None:
         s = services()
         with telemetry.entry(names.SPAN_SCHEDULE, dispatch.trace_parent_of(nudge), order_id=nudge.order_id):
             dispatch.schedule(nudge, scheduler=scheduler(s), now=utcnow())
@@ -78,7 +80,11 @@ def schedule_order(msg: func.QueueMessage) -> None:
     data_type=func.DataType.BINARY,
 )
 def complete_step(msg: func.ServiceBusMessage) -> None:
-    response = parse_or_drop(AgentResponse, msg.get_body(), what="agent response", message_id=msg.message_id)
+    # The same rule as for nudges: a response that cannot be acted on is dropped and counted;
+    # the line it names (if any) times out and the supervisor runs it again.
+    response = parse_or_drop(
+        AgentResponse, msg.get_body(), what="agent_response", message_id=msg.message_id, check=claims.check_response
+    )
     if response is not None:
         s = services()
         parent = telemetry.parent_from_properties(msg.application_properties) or dispatch.trace_parent_of(response)

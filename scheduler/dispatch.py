@@ -6,6 +6,15 @@
   or end the order (Processed, Compensated, Error) and close it.
 
 The workflow decisions are :mod:`core.lifecycle`'s; this module reads, writes and sends.
+
+Both decide on the row as read (one partition query: the state row, the order and the
+lines so far), never on what a message claims. A nudge's snapshot and a response's
+fence (the row as claimed, with its ETag) are claims: anyone who can send to the queue
+can write them, and a matching ETag proves only that the row is unchanged since that
+ETag, not that the message's other fields are the row's. A message whose claim names
+the row's current ETag with other contents is a forgery: dropped and counted. The one
+decision made without a read is an order's first claim, proven by its transaction
+(:func:`_first_claim`).
 """
 
 from __future__ import annotations
@@ -20,9 +29,10 @@ from typing import Any
 from adapters import telemetry
 from adapters.closing import close_order
 from adapters.messaging import Nudger, Publisher
-from adapters.store import ConcurrencyConflict, OrderNotFound, StateStore
+from adapters.store import ConcurrencyConflict, OrderNotFound, OrderRecord, StateStore
 from core import lifecycle, names
 from core.lifecycle import Transition
+from core.claims import concrete_etag
 from core.models import (
     AgentPolicy,
     AgentRequest,
@@ -31,8 +41,10 @@ from core.models import (
     Nudge,
     OrderState,
     Outcome,
+    ProcessState,
     Status,
     StatusEvent,
+    first_claim_key,
     idempotency_key,
 )
 from core.workflow import Kind, StepPolicy, UnknownWorkflow, Workflow, workflow
@@ -62,61 +74,98 @@ class Scheduler:
 
 def schedule(nudge: Nudge, *, scheduler: Scheduler, now: datetime) -> AgentRequest | None:
     """Claim the order's current line and send its agent request. None when there is
-    nothing to send (the row is not Pending, another instance won the claim, or the
-    claim ended the order)."""
-    snapshot = nudge.state if nudge.state is not None and nudge.state.etag else None
+    nothing to send (the row is not Pending, another instance won the claim, the claim
+    ended the order, or the nudge's snapshot is forged)."""
+    first = _first_claim(nudge, scheduler, now)
+    if first is not None:
+        return first
     written = _apply(
-        scheduler.store, nudge.order_id, snapshot, now,
+        scheduler.store, nudge, now,
         lambda s, wf: lifecycle.claim(s, wf, scheduler.instance, now, scheduler.defaults),
     )
     if written is None:
         log.info("order %s not claimed by %s: unknown, not Pending or claimed elsewhere", nudge.order_id, scheduler.instance)
         telemetry.annotate(outcome="not_claimed")
         return None
-    state, transition = written
-    order: dict[str, Any] = {}
-    results: dict[str, dict[str, Any]] = {}
-    if transition.dispatch:
-        if nudge.document is not None and state.step_index == 0 and state.kind is Kind.ACTION:
-            order = json.loads(nudge.document)  # the first step needs nothing but the order
-        else:  # a later step or an undo also needs the results so far: one partition read
-            record = scheduler.store.read(state.order_id)
-            order, results = json.loads(record.document), record.results()
-    return _carry_out(scheduler, state, transition, order, results, now)
+    state, transition, read = written
+    return _carry_out(scheduler, state, transition, json.loads(read.document), read.results(), now)
 
 
 def record(response: AgentResponse, *, scheduler: Scheduler, now: datetime) -> OrderState | None:
     """Apply an agent response if it is for the current attempt of a Processing row
     (fencing), and start what comes next; a duplicate or stale response changes
     nothing and returns None."""
-    fence = response.context.fence
-    snapshot = fence if fence.order_id == response.order_id and fence.attempt == response.attempt else None
 
     def decide(state: OrderState, definition: Workflow) -> Transition | None:
         if response.outcome is Outcome.POSTPONED:
             return lifecycle.postpone(state, response, now, scheduler.pending_timeout, scheduler.max_postponements)
         return lifecycle.complete(state, response, definition, scheduler.instance, now, scheduler.defaults)
 
-    written = _apply(scheduler.store, response.order_id, snapshot, now, decide)
+    written = _apply(scheduler.store, response, now, decide)
     if written is None:
         log.info("response for order %s attempt %s ignored: unknown order, or stale", response.order_id, response.attempt)
         telemetry.annotate(outcome="stale")
         return None
-    state, transition = written
+    state, transition, read = written
     if response.outcome is not Outcome.POSTPONED:
-        # The line ran from its claim (the fence's UpdatedAt) to this response.
-        seconds = (now - fence.updated_at).total_seconds()
+        # The line ran from its claim (the row's UpdatedAt as read: the claim's) to this response.
+        seconds = (now - read.state.updated_at).total_seconds()
         telemetry.line_answered(response.step, response.kind, response.outcome, seconds)
     if transition.nudge_delay is not None:
         log.info("order %s: %s %s postponed for %.0f s: %s", state.order_id, state.kind.value, state.step,
                  transition.nudge_delay.total_seconds(), state.last_error)
         scheduler.nudger.nudge(Nudge(order_id=state.order_id, state=state), delay=transition.nudge_delay)
         return state
-    results = dict(response.context.results)
+    results = read.results()
     if response.kind is Kind.ACTION and response.outcome is Outcome.SUCCEEDED:
         results[response.step] = response.result or {}
-    _carry_out(scheduler, state, transition, response.context.order, results, now)
+    _carry_out(scheduler, state, transition, json.loads(read.document), results, now)
     return state
+
+
+def _first_claim(nudge: Nudge, scheduler: Scheduler, now: datetime) -> AgentRequest | None:
+    """An order's first claim without a read, from the nudge its submission sent.
+
+    The nudge's snapshot says the order was never claimed; the claim's transaction
+    proves it: If-Match on the snapshot's ETag (the row is unchanged since), and the
+    deletion of the order's first-claim seal, a row written at submission whose key
+    digests the workflow, the ReplyTo and the document (core.models.first_claim_key).
+    The seal exists only until the first claim, so the row's lines, attempt and failures
+    are a new order's: exactly what :func:`pristine` requires of the snapshot; and the
+    key matches only the workflow, ReplyTo and document the order was submitted with.
+    Any lie, or a lost race, fails the whole transaction: None, and :func:`schedule`
+    decides on the row as read instead.
+    """
+    state, document = nudge.state, nudge.document
+    if state is None or document is None or not concrete_etag(state.etag) or not pristine(state):
+        return None
+    definition = workflow(state.workflow, state.workflow_version)
+    transition = lifecycle.claim(state, definition, scheduler.instance, now, scheduler.defaults)
+    if transition is None or not transition.dispatch:
+        return None
+    seal = first_claim_key(state.workflow, state.workflow_version, state.reply_to, document)
+    try:
+        claimed = scheduler.store.write(state, transition.state, transition.lines, consume=seal)
+    except (ConcurrencyConflict, OrderNotFound):
+        return None
+    return _carry_out(scheduler, claimed, transition, json.loads(document), {}, now)
+
+
+def pristine(state: OrderState) -> bool:
+    """A new order's state as submission writes it: Pending at the first step of a
+    workflow the app has, never claimed (the fields a claim reads are those of
+    :func:`core.lifecycle.new_order`)."""
+    try:
+        definition = workflow(state.workflow, state.workflow_version)
+    except UnknownWorkflow:
+        return False
+    return (
+        state.process_state is ProcessState.PENDING
+        and (state.step_index, state.kind, state.step) == (0, Kind.ACTION, definition.steps[0].name)
+        and (state.attempt, state.failure_count, state.postponements) == (0, 0, 0)
+        and (state.plan, state.failed, state.gave_up, state.max_failures) == ((), (), False, None)
+        and state.locked_by is None and state.cause is None
+    )
 
 
 def trace_parent_of(message: Nudge | AgentResponse) -> telemetry.TraceContext | None:
@@ -129,28 +178,48 @@ def trace_parent_of(message: Nudge | AgentResponse) -> telemetry.TraceContext | 
 
 
 def _apply(
-    store: StateStore, order_id: str, snapshot: OrderState | None, now: datetime,
+    store: StateStore, message: Nudge | AgentResponse, now: datetime,
     decide: Callable[[OrderState, Workflow], Transition | None],
-) -> tuple[OrderState, Transition] | None:
-    """Decide on the state row and write the transition (If-Match), on the definition
-    the order started on. ``snapshot`` (with its ETag) saves the read while it is
-    current; a stale one (412) is read again and decided on once more. A fresh read
-    that loses the race means someone else decided: None, as for an unknown order."""
+) -> tuple[OrderState, Transition, OrderRecord] | None:
+    """Read the order (one partition query), decide on its state row and write the
+    transition (If-Match on the ETag just read), on the definition the order started on.
+    None when there is nothing to do: an unknown order, a decision of no change, a write
+    that lost the race (someone else decided on the row), or a forged message.
+    """
+    order_id = message.order_id
+    claimed = message.state if isinstance(message, Nudge) else message.context.fence
     try:
-        state = snapshot or store.get(order_id)
-        for _ in range(2):
-            transition = _on_definition(state, now, decide)
-            if transition is None:
-                return None
-            try:
-                return store.write(state, transition.state, transition.lines), transition
-            except ConcurrencyConflict:
-                if state is not snapshot:
-                    return None
-                state = store.get(order_id)
+        read = store.read(order_id)
     except OrderNotFound:
         return None
-    return None
+    state = read.state
+    if forged(claimed, state):
+        log.error("order %s: a message claims the row's current ETag with other contents: dropped as forged", order_id)
+        telemetry.message_dropped("nudge" if isinstance(message, Nudge) else "agent_response", names.DROP_FORGED)
+        return None
+    transition = _on_definition(state, now, decide)
+    if transition is None:
+        return None
+    try:
+        return store.write(state, transition.state, transition.lines), transition, read
+    except (ConcurrencyConflict, OrderNotFound):
+        return None
+
+
+def forged(claimed: OrderState | None, state: OrderState) -> bool:
+    """A claim that names the row's current ETag but not its contents cannot come from
+    this app (what it sends is the row as written, with the ETag of that write)."""
+    if claimed is None or claimed.etag != state.etag:
+        return False
+    return any(getattr(claimed, name) != getattr(state, name) for name in _DECIDING)
+
+
+#: The fields a decision reads (compared as they round-trip through the table exactly;
+#: times are left out, as a store may keep them at a coarser precision).
+_DECIDING = (
+    "order_id", "process_state", "attempt", "failure_count", "workflow", "workflow_version", "step_index", "kind",
+    "step", "plan", "failed", "gave_up", "max_failures", "postponements", "reply_to", "locked_by",
+)
 
 
 def _on_definition(

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from adapters import telemetry
 from adapters.messaging import Publisher
-from core.models import Nudge, OrderRequest, ProcessState, Status, StatusEvent, explain
+from core.models import Nudge, OrderRequest, ProcessState, Status, StatusEvent, explain, queue_key
 from core.workflow import Workflow
 from adapters.store import OrderConflict, RejectionStore, StateStore
 
@@ -142,7 +142,8 @@ def _submit(
         return Submission(Result.REJECTED, order_id, reason=reason)
 
     def _own(queue: str) -> bool:
-        return queue.lower() in {own.lower() for own in own_queues}
+        # As the broker resolves names: "alerts/", "ALERTS" and "ns.servicebus.windows.net/alerts" are all alerts.
+        return queue_key(queue) in {queue_key(own) for own in own_queues}
 
     if not _content_type_ok(content_type):
         return reject(f"unsupported content type {_shown(content_type)!r}: send the order as {JSON_CONTENT_TYPE}")

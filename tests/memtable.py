@@ -1,5 +1,6 @@
 """An in-memory table that behaves like Azure Table Storage where the store relies on it:
-ETags change on every write, If-Match fails with 412 (``ResourceModifiedError``), a
+ETags change on every write (unique, in Table Storage's own form, so the app's checks
+of an ETag's form accept them), If-Match fails with 412 (``ResourceModifiedError``), a
 missing entity is a 404, ``create`` of an existing one a 409, and an entity-group
 transaction is all or nothing (``TableTransactionError``, nothing applied).
 
@@ -15,6 +16,7 @@ import itertools
 import re
 import threading
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from azure.core import MatchConditions
@@ -32,6 +34,9 @@ _OPS = {
 }
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 class _Status(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -44,6 +49,7 @@ class MemoryTable:
     def __init__(self) -> None:
         self._rows: dict[tuple[str, str], tuple[dict[str, Any], str]] = {}
         self._etags = itertools.count(1)
+        self._base_ticks = int((datetime.now(UTC) - _EPOCH).total_seconds()) * 10_000_000
         self._lock = threading.RLock()
         #: Operations by kind, as Table Storage would bill them.
         self.ops: Counter[str] = Counter()
@@ -51,7 +57,12 @@ class MemoryTable:
     # -- helpers --------------------------------------------------------------------
 
     def _etag(self) -> str:
-        return f'W/"datetime\'{next(self._etags)}\'"'
+        """Table Storage's form, ``W/"datetime'<Timestamp, URL-encoded>'"``: a Timestamp
+        100 ns after the previous one (called under the lock, so unique and increasing)."""
+        ticks = self._base_ticks + next(self._etags)
+        seconds, fraction = divmod(ticks, 10_000_000)
+        stamp = _EPOCH + timedelta(seconds=seconds)
+        return f'W/"datetime\'{stamp:%Y-%m-%dT%H}%3A{stamp:%M}%3A{stamp:%S}.{fraction:07d}Z\'"'
 
     def _entity(self, key: tuple[str, str]) -> TableEntity:
         properties, etag = self._rows[key]

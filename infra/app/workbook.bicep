@@ -75,6 +75,16 @@ customMetrics
 | summarize retries = sum(valueSum) by call, bin(timestamp, 5m)
 '''
 
+// Internal messages (nudges, agent requests and responses) dropped because they cannot be
+// acted on: malformed, untrusted (claims no copy of the app sends) or forged (README,
+// "Failure handling"). Any at all deserves a look: the app itself sends none.
+var droppedMessages = '''
+customMetrics
+| where name == "messages.dropped"
+| extend what = strcat(tostring(customDimensions["operation"]), " ", tostring(customDimensions["drop.reason"]))
+| summarize dropped = sum(valueSum) by what, bin(timestamp, 5m)
+'''
+
 // The charts, in the order they are shown.
 var charts = [
   {
@@ -123,6 +133,12 @@ var charts = [
     name: 'remote-retries'
     title: 'Calls to the remote services after a request\'s first'
     query: remoteRetries
+    visualization: 'timechart'
+  }
+  {
+    name: 'dropped-messages'
+    title: 'Internal messages dropped (malformed, untrusted or forged)'
+    query: droppedMessages
     visualization: 'timechart'
   }
 ]

@@ -58,8 +58,9 @@ FAST = {
 
 #: The scheduler's log line for every claim of a line (scheduler/dispatch.py).
 _CLAIM = re.compile(r"order (\S+) attempt (\d+): (action|compensation) (\S+) \((\S+)\) claimed by (\S+)")
-#: The scheduler's log line for a response it did not apply.
-_IGNORED = re.compile(r"response for order (\S+) attempt (-?\d+) ignored")
+#: The scheduler's log line for a response it did not apply, and the edge's for one it
+#: dropped as untrusted (its fence is not the line it names: adapters/wiring.py).
+_IGNORED = re.compile(r"response for order (\S+) attempt (-?\d+) ignored|agent_response \S+ for order (\S+) dropped")
 #: The workflow's actions at each remote service (core/workflow.py).
 ACTIONS = {"inventory": "reserve", "payments": "charge", "shipping": "ship"}
 
@@ -252,8 +253,9 @@ class Stack:
         return sorted(found, key=lambda c: (c.order_id, c.attempt))
 
     def ignored(self, order_id: str) -> int:
-        """Responses for this order the scheduler logged as ignored (stale or duplicate)."""
-        return sum(1 for host in self.hosts for m in _IGNORED.finditer(host.log_text()) if m[1] == order_id)
+        """Responses for this order the scheduler logged as ignored (stale or duplicate), or
+        the edge dropped as untrusted (a fence that is not the line the response names)."""
+        return sum(1 for host in self.hosts for m in _IGNORED.finditer(host.log_text()) if order_id in (m[1], m[3]))
 
     # -- what the hosts traced and measured --------------------------------------------------
 

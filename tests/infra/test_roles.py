@@ -108,3 +108,18 @@ def test_developer_gets_the_data_roles(deployment_with_developer):
     assert developer == DEVELOPER_ROLES
     types = {ra.properties["principalType"] for _, _, principal, ra in found if principal == DEVELOPER_ID}
     assert types == {"User"}
+
+
+#: Roles that let a principal put messages on the app's internal queues (Service Bus:
+#: agent-responses, <remote>-requests; storage: the scheduler queue of nudges).
+SENDING_ROLES = {"Azure Service Bus Data Sender", "Azure Service Bus Data Owner", "Storage Queue Data Contributor"}
+
+
+def test_only_the_app_identity_may_send_to_the_internal_queues(deployment):
+    """README, "Failure handling": the checks on internal messages are defence in depth;
+    the guarantee is that, as deployed, no one but the app can send to those queues
+    (shared keys are off: test_security_and_platform.py)."""
+    senders = {
+        p if isinstance(p, str) else p.text for role, _, p, _ in assignments(deployment) if role in SENDING_ROLES
+    }
+    assert senders == {"identity.properties.principalId"}, senders

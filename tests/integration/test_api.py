@@ -23,6 +23,8 @@ from core.access import OPERATOR_ROLE, READER_ROLE
 from core.models import LineRecord, LineState, OrderRequest, OrderState, ProcessState, utcnow
 from core.progress import status_document
 from core.workflow import ORDER_WORKFLOW, Kind
+from devtools.corpus import odd_http
+from devtools.corpus.odd_http import load_odd_http
 from devtools.orders import order_json
 
 API_FUNCTIONS = ("get_order", "list_orders", "resubmit_order")
@@ -233,3 +235,36 @@ def test_api_auth_is_disabled_unless_set(app_settings, funchost, monkeypatch):
     monkeypatch.delenv(names.API_AUTH_SETTING, raising=False)
     (host,) = funchost.start(functions=API_FUNCTIONS, settings=funchost.log_dir / "no-local-settings.json")
     assert_refused(requests.get(f"{host.http_url}/api/orders/x-1", timeout=10), 403, "forbidden", "API_AUTH")
+
+
+def assert_json_refusal(response: requests.Response) -> None:
+    """Whatever the input: never a 500, and any refusal is JSON with its reason."""
+    assert response.status_code < 500, (response.status_code, response.text[:300])
+    if response.status_code >= 400:
+        assert response.headers["Content-Type"] == "application/json", response.headers
+        body = response.json()
+        assert set(body) == {"error", "reason"} and body["reason"], body
+
+
+def test_odd_headers_paths_and_bodies_get_a_json_refusal_never_a_500(api):
+    """devtools/corpus/odd_http.json through the real host: an Origin that does not parse
+    (it answered 500 with an empty body), principals that are not one, odd paths,
+    queries, headers and bodies."""
+    corpus = load_odd_http()
+    error_order("f-1")
+    base = api("easyauth")
+    operator = principal(OPERATOR_ROLE)
+    for origin in map(odd_http.text, corpus["origins"]):
+        response = requests.post(f"{base}/orders/f-1/resubmit", headers={**operator, "Origin": origin}, timeout=10)
+        assert_refused(response, 403, "forbidden", "Origin")
+    assert services().store.get("f-1").process_state is ProcessState.ERROR  # none of them resubmitted it
+    for spec in corpus["principals"]:
+        response = requests.get(f"{base}/orders/f-1", headers={"X-MS-CLIENT-PRINCIPAL": odd_http.principal_header(spec)},
+                                timeout=10)
+        assert_refused(response, spec["expect"], "unauthorized" if spec["expect"] == 401 else "forbidden")
+    for case in corpus["requests"]:
+        response = requests.request(
+            case["method"], f"{base}/{odd_http.text(case['path'])}", headers={**operator, **case.get("headers", {})},
+            data=odd_http.body(case.get("body")), timeout=10,
+        )
+        assert_json_refusal(response)

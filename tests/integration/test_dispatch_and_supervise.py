@@ -5,6 +5,7 @@ table); here the same code runs against the real services."""
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import timedelta
 
@@ -83,6 +84,27 @@ def test_schedule_claims_once_and_sends_a_request_that_expires_at_complete_by(ap
     assert message.correlation_id == "o-1"
     assert message.reply_to == app_settings["AGENT_RESPONSES_QUEUE"]
     assert timedelta(seconds=25) < message.time_to_live <= timedelta(seconds=30)
+
+
+def test_the_first_claim_is_proven_by_its_seal_in_azurite_and_a_lying_nudge_is_claimed_from_the_rows(
+    app_settings, servicebus_emulator
+):
+    """Against Azurite: the submission's nudge claims with one transaction (the If-Match
+    MERGE and the seal's delete, If-Match *) and no read; a nudge with a forged document
+    finds no seal (404 in the batch: the whole transaction fails) and the order is claimed
+    from its rows, with its real document."""
+    store = services().store
+    nudge = submit("o-seal-1")
+    store.ops.clear()
+    assert schedule(nudge).step == "reserve"
+    assert store.ops == {"transaction": 1}, store.ops
+    forged_nudge = submit("o-seal-2")
+    lying = forged_nudge.model_copy(update={"document": order_json("o-seal-2", total="0.01").decode()})
+    store.ops.clear()
+    request = schedule(lying)
+    assert store.ops == {"transaction": 1, "query": 1, "update": 1}, store.ops  # failed seal, read, claim
+    assert request.order == json.loads(store.read("o-seal-2").document) and request.order["total"] != "0.01"
+    assert schedule(forged_nudge) is None  # the seal is gone once claimed: the row decides (not Pending)
 
 
 def test_each_step_goes_to_its_own_agent_queue_and_the_last_success_leaves_the_index(

@@ -145,6 +145,25 @@ def test_a_reply_to_naming_one_of_the_apps_own_queues_is_ignored_with_a_note_on_
     assert "not a valid queue name" in note and len(note) < 300
 
 
+def test_a_reply_to_naming_an_own_queue_in_another_spelling_is_ignored_and_nothing_lands_there(
+    app_settings, servicebus_emulator
+):
+    """The broker resolves "alerts/", "ALERTS", "/alerts", a namespace's path to alerts or
+    its dead-letter subqueue to the alerts queue: each is one of the app's own queues."""
+    alerts = app_settings["ALERTS_QUEUE"]
+    spellings = [f"{alerts}/", alerts.upper(), f"/{alerts}", f" {alerts} ", f"{alerts}//", f"{alerts}/$DeadLetterQueue",
+                 f"ns.servicebus.windows.net/{alerts}", f"sb://ns.servicebus.windows.net/{alerts}",
+                 f"{app_settings['AGENT_RESPONSES_QUEUE'].title()}/", f"{app_settings['ORDERS_QUEUE']}/"]
+    for n, reply_to in enumerate(spellings):
+        order_id = f"o-sp-{n}"
+        submit(order_json(order_id), reply_to=reply_to, message_id=order_id)
+        state = services().store.get(order_id)
+        assert state.reply_to is None, reply_to
+        assert "ignored" in (state.note or "") and "no status events are sent" in state.note, (reply_to, state.note)
+    counts = servicebus_emulator.message_counts(alerts)
+    assert counts["active"] + counts["dead_letter"] == 0, counts  # no status event reached the alerts queue
+
+
 def test_a_rejected_order_is_told_to_its_reply_to_queue_with_the_reason(app_settings, servicebus_emulator):
     replies = "replies-rejected"
     servicebus_emulator.declare_queue(replies)

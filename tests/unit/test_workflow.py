@@ -170,13 +170,15 @@ def test_steps_run_in_order_each_after_the_previous_success_is_recorded():
     assert w.store.active_ids() == []
 
 
-def test_recording_a_step_and_starting_the_next_is_one_transaction_with_no_read():
+def test_recording_a_step_and_starting_the_next_is_one_partition_read_and_one_transaction():
+    """The response's fence is a claim, not the row: the scheduler reads the order's
+    partition (state, document, results so far) once and writes once."""
     w = World()
     w.submit()
     before = w.table.ops.copy()
     w.answer()
     used = w.table.ops - before
-    assert used == {"transaction": 1}, used
+    assert used == {"query": 1, "transaction": 1}, used
 
 
 def test_refusal_at_step_2_undoes_step_1_only_and_ends_compensated():

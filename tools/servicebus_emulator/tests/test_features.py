@@ -406,6 +406,20 @@ def test_queue_names_are_case_insensitive(client, make_queue):
         receiver.complete_message(message)
 
 
+def test_a_queue_name_with_a_leading_or_trailing_slash_is_the_same_queue(client, make_queue):
+    """An entity is the path after the namespace, '/' separating segments: 'q/' and '/q'
+    address q, as a ReplyTo of 'alerts/' reaches the alerts queue."""
+    queue = make_queue()
+    for spelling in (f"{queue}/", f"/{queue}", f"{queue.upper()}/"):
+        with sender_for(client, spelling) as sender:
+            sender.send_messages(ServiceBusMessage(spelling))
+    with client.get_queue_receiver(queue) as receiver:
+        received = receive_exactly(receiver, 3)
+        assert sorted(str(m) for m in received) == sorted((f"{queue}/", f"/{queue}", f"{queue.upper()}/"))
+        for message in received:
+            receiver.complete_message(message)
+
+
 def test_declare_queue_is_idempotent_and_keeps_messages(servicebus_emulator, client, queue):
     with sender_for(client, queue) as sender:
         sender.send_messages(ServiceBusMessage("kept"))
