@@ -26,7 +26,9 @@ by the supervisor (:meth:`StateStore.sweep`).
 from __future__ import annotations
 
 import json
+import logging
 import re
+import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +38,13 @@ from enum import Enum
 from typing import Any
 
 from azure.core import MatchConditions
-from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.core.exceptions import (
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+    ServiceResponseError,
+)
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
 from adapters import telemetry
@@ -44,8 +52,15 @@ from core import lifecycle
 from core.models import LineRecord, LineState, OrderRequest, OrderState, ProcessState
 from core.workflow import Kind, Workflow
 
+log = logging.getLogger(__name__)
+
 ORDER_ROW = "order"
 STATE_ROW = "state"
+#: A property of the state row: a new random id on every write of it (creation, each
+#: transition). When Azure applies a write but reports it failed (a 500 OperationTimedOut,
+#: a dropped connection) and the SDK's retry then meets the write itself (412, 409), the
+#: store reads the row back: its own WriteId there means the write is done (docs/scale.md).
+WRITE_ID = "WriteId"
 #: Order ids start with a letter or digit, so this partition can never be an order's.
 ACTIVE_PARTITION = "_active"
 #: The agents' circuit breakers as they were published: one row per (remote service, host
@@ -205,6 +220,8 @@ class OrderRecord:
     document: str
     state: OrderState
     lines: tuple[LineRecord, ...]
+    #: The state row's :data:`WRITE_ID`: which write last wrote it.
+    write_id: str | None = None
 
     def results(self) -> dict[str, dict[str, Any]]:
         """Results of the steps whose action is done, by step name."""
@@ -242,6 +259,8 @@ class StateStore:
         self.table = table
         #: Table operations by kind, for benchmarks and tests (operations per order).
         self.ops: Counter[str] = Counter()
+        #: Writes reported failed but found applied (their write id on the row), by kind.
+        self.recognised: Counter[str] = Counter()
 
     def _op(self, kind: str) -> None:
         self.ops[kind] += 1
@@ -266,22 +285,36 @@ class StateStore:
         # Index first: a crash after this line leaves an index row the supervisor
         # can heal; the other order would leave an order nobody supervises.
         self._index(order.order_id, now)
+        write_id = _new_write_id()
         operations = [
             ("create", {"PartitionKey": order.order_id, "RowKey": ORDER_ROW, "Document": document}),
-            ("create", state_to_entity(state)),
+            ("create", {**state_to_entity(state), WRITE_ID: write_id}),
         ]
         try:
             self._op("transaction")
             results = self.table.submit_transaction(operations)
-        except (TableTransactionError, ResourceExistsError) as error:
-            if not _is_conflict(error):
+        except (ServiceResponseError, HttpResponseError) as error:
+            if _is_conflict(error):
+                return self._existing(order.order_id, document, write_id)
+            if not _ambiguous(error):
                 raise
-            return self._existing(order.order_id, document)
+            # Sent, but no answer (a dropped connection: the SDK does not retry a POST) or a
+            # 5xx left after the SDK's retries: applied or not, the partition says which.
+            try:
+                return self._existing(order.order_id, document, write_id)
+            except OrderNotFound:
+                raise error from None
         etag = results[1].get("etag")
         return Created(state.model_copy(update={"etag": etag}), created=True)
 
-    def _existing(self, order_id: str, document: str) -> Created:
+    def _existing(self, order_id: str, document: str, write_id: str) -> Created:
+        """The order already there: this very submission's write, whose success was lost on
+        the way back (created), the same order submitted before (a duplicate), or another
+        order under the same id (:class:`OrderConflict`)."""
         record = self.read(order_id)
+        if record.write_id == write_id:
+            self._recognised("create", order_id, "409 entity exists, or no answer")
+            return Created(record.state, created=True)
         if record.document != document:
             raise OrderConflict(order_id, record.document, document)
         if record.state.process_state.terminal:
@@ -303,7 +336,9 @@ class StateStore:
             (line_from_entity(row) for key, row in rows.items() if key.startswith(_LINE_PREFIXES)),
             key=lambda line: line.updated_at,
         )
-        return OrderRecord(rows[ORDER_ROW]["Document"], state_from_entity(rows[STATE_ROW]), tuple(lines))
+        return OrderRecord(
+            rows[ORDER_ROW]["Document"], state_from_entity(rows[STATE_ROW]), tuple(lines), rows[STATE_ROW].get(WRITE_ID)
+        )
 
     def get(self, order_id: str) -> OrderState:
         """The state of an order; raises :class:`OrderNotFound`."""
@@ -330,13 +365,16 @@ class StateStore:
         The state row gets only the properties that differ (a MERGE), with If-Match on
         ``current.etag``; with lines, all of it is one entity-group transaction, which
         fails whole if the state row moved. Raises :class:`ConcurrencyConflict` if
-        someone else moved the row.
+        someone else moved the row. A write Azure applied but reported failed (its retry
+        answered 412, or no answer at all) is recognised by its :data:`WRITE_ID` on the
+        row and returned as written.
         """
         if current.etag is None:
             raise ValueError("a transition needs the ETag the state was read with")
         before, after = state_to_entity(current), state_to_entity(new)
         changes = {key: value for key, value in after.items() if before.get(key) != value}
-        changes.update(PartitionKey=new.order_id, RowKey=STATE_ROW)
+        write_id = _new_write_id()
+        changes.update(PartitionKey=new.order_id, RowKey=STATE_ROW, **{WRITE_ID: write_id})
         guard = {"etag": current.etag, "match_condition": MatchConditions.IfNotModified}
         try:
             if not lines:
@@ -347,17 +385,36 @@ class StateStore:
                 operations = [("update", changes, {"mode": UpdateMode.MERGE, **guard})]
                 operations += [("upsert", line_to_entity(line), {"mode": UpdateMode.REPLACE}) for line in lines]
                 metadata = self.table.submit_transaction(operations)[0]
-        except ResourceModifiedError as error:
-            raise ConcurrencyConflict(f"order {new.order_id!r} changed since it was read") from error
-        except ResourceNotFoundError as error:
-            raise OrderNotFound(f"no order {new.order_id!r}") from error
-        except TableTransactionError as error:
-            if getattr(error, "status_code", None) == 412 or "UpdateConditionNotSatisfied" in str(error):
-                raise ConcurrencyConflict(f"order {new.order_id!r} changed since it was read") from error
-            if getattr(error, "status_code", None) == 404:
+        except (ServiceResponseError, HttpResponseError) as error:
+            status = getattr(error, "status_code", None)
+            if isinstance(error, ResourceNotFoundError) or status == 404:
                 raise OrderNotFound(f"no order {new.order_id!r}") from error
+            moved = isinstance(error, ResourceModifiedError) or status == 412 or "UpdateConditionNotSatisfied" in str(error)
+            # A 412 is someone else's write, or ours: applied, reported failed (a 500
+            # OperationTimedOut), then retried by the SDK. A dropped connection (the SDK does
+            # not retry a PATCH or a POST) or a 5xx left after its retries: applied or not.
+            if moved or _ambiguous(error):
+                etag = self._holds(new.order_id, write_id)
+                if etag is not None:
+                    self._recognised("write", new.order_id, type(error).__name__)
+                    return new.model_copy(update={"etag": etag})
+            if moved:
+                raise ConcurrencyConflict(f"order {new.order_id!r} changed since it was read") from error
             raise
         return new.model_copy(update={"etag": metadata["etag"]})
+
+    def _holds(self, order_id: str, write_id: str) -> str | None:
+        """The state row's ETag if the row holds the write ``write_id`` (its :data:`WRITE_ID`), else None."""
+        self._op("read")
+        try:
+            entity = self.table.get_entity(order_id, STATE_ROW)
+        except ResourceNotFoundError:
+            return None
+        return entity.metadata["etag"] if entity.get(WRITE_ID) == write_id else None
+
+    def _recognised(self, what: str, order_id: str, answer: str) -> None:
+        self.recognised[what] += 1
+        log.info("order %s: the %s answered %s had been applied: recognised by its write id", order_id, what, answer)
 
     def transition(
         self, current: OrderState, new: OrderState | None, lines: Sequence[LineRecord] = ()
@@ -590,6 +647,17 @@ class StateStore:
                 cursor = batch[-1][0]
         page = found[:limit]
         return page, (page[-1].order_id if len(found) > limit else None)
+
+
+def _new_write_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _ambiguous(error: Exception) -> bool:
+    """A write that may or may not have been applied: sent with no answer back, or a 5xx."""
+    if isinstance(error, ServiceResponseError):
+        return True
+    return (getattr(error, "status_code", None) or 0) >= 500
 
 
 def _is_conflict(error: Exception) -> bool:
