@@ -394,23 +394,25 @@ class StateStore:
             # OperationTimedOut), then retried by the SDK. A dropped connection (the SDK does
             # not retry a PATCH or a POST) or a 5xx left after its retries: applied or not.
             if moved or _ambiguous(error):
-                etag = self._holds(new.order_id, write_id)
-                if etag is not None:
+                etag, holder = self._row_version(new.order_id)
+                if holder == write_id:
                     self._recognised("write", new.order_id, type(error).__name__)
                     return new.model_copy(update={"etag": etag})
+                # Not ours: if the row moved on, this If-Match write can never apply.
+                moved = moved or (etag is not None and etag != current.etag)
             if moved:
                 raise ConcurrencyConflict(f"order {new.order_id!r} changed since it was read") from error
             raise
         return new.model_copy(update={"etag": metadata["etag"]})
 
-    def _holds(self, order_id: str, write_id: str) -> str | None:
-        """The state row's ETag if the row holds the write ``write_id`` (its :data:`WRITE_ID`), else None."""
+    def _row_version(self, order_id: str) -> tuple[str | None, str | None]:
+        """The state row's ETag and :data:`WRITE_ID` (which write last wrote it); Nones if it is gone."""
         self._op("read")
         try:
             entity = self.table.get_entity(order_id, STATE_ROW)
         except ResourceNotFoundError:
-            return None
-        return entity.metadata["etag"] if entity.get(WRITE_ID) == write_id else None
+            return None, None
+        return entity.metadata["etag"], entity.get(WRITE_ID)
 
     def _recognised(self, what: str, order_id: str, answer: str) -> None:
         self.recognised[what] += 1

@@ -144,3 +144,24 @@ def test_a_rejection_written_again_by_a_retry_is_one_row():
     table.lose_answers("upsert")
     rejections.add(body=b"{", reason="malformed", now=World().now, message_id="m-1")
     assert len(rejections.list()) == 1
+
+
+class _DroppedAfterSomeoneElse(MemoryTable):
+    """Someone else's write lands first; ours then meets 412 and its answer is dropped on the way back."""
+
+    def update_entity(self, entity, *args, **kwargs):
+        try:
+            return super().update_entity(entity, *args, **kwargs)
+        except Exception as error:
+            raise ServiceResponseError("Connection aborted") from error
+
+
+def test_an_unanswered_write_over_a_row_that_moved_on_is_a_conflict():
+    w = World()
+    w.submit()
+    state = w.state()
+    w.store.write(state, state.model_copy(update={"note": "someone else"}))
+    w.table.__class__ = _DroppedAfterSomeoneElse
+    with pytest.raises(ConcurrencyConflict):
+        w.store.write(state, state.model_copy(update={"note": "mine"}))
+    assert w.store.get("o-1").note == "someone else" and w.store.recognised == {}
