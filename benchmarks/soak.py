@@ -141,6 +141,9 @@ class Verdict:
     #: (requests per service, faults by kind); empty without it.
     storage_faults: str | None = None
     fault_counts: dict = field(default_factory=dict)
+    #: Writes answered as failed (412/409 on the SDK's retry, or no answer) that the hosts
+    #: found applied by their write id, by kind (``write``, ``create``), from the host logs.
+    recognised: dict[str, int] = field(default_factory=dict)
 
     @property
     def compensated(self) -> int:
@@ -310,6 +313,7 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
         verdict = _audit(orders, states, effects, alerts, scripted, duplicates, counter["replayed"], killed_at,
                          leftover, dead)
         verdict.breaker_opened, verdict.postponed = breaker_figures(stack.host_logs)
+        verdict.recognised = recognised_writes(stack.host_logs)
         if operator and not verdict.not_terminal:
             errors = [o for o, s in states.items() if s.process_state is ProcessState.ERROR]
             operator_phase(stack, store, verdict, errors)
@@ -333,6 +337,16 @@ def breaker_figures(logs: list[Path]) -> tuple[dict[str, int], int]:
             elif "[scheduler.dispatch]" in line and " postponed for " in line:
                 postponed += 1
     return dict(opened), postponed
+
+
+def recognised_writes(logs: list[Path]) -> dict[str, int]:
+    """Ambiguous writes the hosts found applied (adapters/store.py logs each), by kind."""
+    found: Counter = Counter()
+    for path in logs:
+        for line in path.read_text(errors="replace").splitlines():
+            if "recognised by its write id" in line and "[adapters.store]" in line:
+                found[line.split(": the ", 1)[1].split(" ", 1)[0]] += 1
+    return dict(found)
 
 
 def _resubmit(stack: LocalStack, order_id: str) -> str | None:
@@ -518,6 +532,7 @@ def verdict_json(v: Verdict) -> dict:
         "phases": v.phases,
         "storage_faults": v.storage_faults,
         "storage_requests": v.fault_counts.get("requests", {}),
+        "recognised": v.recognised,
         "faults_by_service": v.fault_counts.get("faults_by_service", {}),
         "processed": v.processed,
         "compensated": v.compensated,
@@ -583,6 +598,8 @@ def verdict_markdown(v: Verdict, *, seed: int, machine: dict[str, str], baseline
             ("storage requests through the fault proxy (tables / queues)",
              " / ".join(str(v.fault_counts.get("requests", {}).get(s, 0)) for s in ("table", "queue")), ""),
             *((f"storage faults injected: {kind}", injected.get(kind, 0), "") for kind in STORAGE_FAULT_KINDS),
+            ("writes answered failed but found applied (by their write id): transitions / creates",
+             f"{v.recognised.get('write', 0)} / {v.recognised.get('create', 0)}", "each went on as written"),
         ]
         if baseline:
             rows.append(("throughput with push-back / without (the plain soak above)",
@@ -640,12 +657,14 @@ def main(
     faults = storage_faults_option(storage_faults)
     if azure_faults:
         faults = faults or StorageFaults.default()
-        # Service Bus faults (throttling, lost locks, dropped links) join here at merge.
+        # MERGE POINT (Service Bus push-back): servicebus_faults = ServiceBusFaults.default() from
+        # devtools.localstack, passed to run_soak beside storage_faults; one line, added at merge.
     verdict = run_soak(orders, seed=seed, time_limit=time_limit, storage_faults=faults)
     print_verdict(verdict)
     if verdict.fault_counts:
         console.print(f"Azure's push-back: {verdict.storage_faults}; injected {verdict.fault_counts.get('faults')}, "
-                      f"of {verdict.fault_counts.get('requests')} requests; {verdict.orders_per_second} orders/s")
+                      f"of {verdict.fault_counts.get('requests')} requests; writes found applied by their write id "
+                      f"{verdict.recognised or 0}; {verdict.orders_per_second} orders/s")
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(verdict_json(verdict), indent=2) + "\n")

@@ -57,7 +57,8 @@ def test_short_chaos_soak_under_azure_storage_push_back(tmp_path, report_figure)
     print_verdict(verdict)
     figures = verdict_json(verdict)
     report_figure(f"soak under push-back: {json.dumps({k: figures[k] for k in list(figures)[:9]})}, "
-                  f"{figures['storage_requests']} storage requests, {verdict.orders_per_second} orders/s")
+                  f"{figures['storage_requests']} storage requests, recognised {figures['recognised']}, "
+                  f"{verdict.orders_per_second} orders/s, phases {verdict.phases}")
     assert verdict.ok, verdict.problems
     assert {k: figures[k] for k in ("orders", "not_terminal", "lost", "applied_twice", "late_calls")} == {
         "orders": 40, "not_terminal": 0, "lost": 0, "applied_twice": 0, "late_calls": 0,
@@ -66,6 +67,7 @@ def test_short_chaos_soak_under_azure_storage_push_back(tmp_path, report_figure)
     # Every kind of push-back was injected, at both services, and survived.
     assert all(figures["faults"][kind] > 0 for kind in ("503", "500-applied", "reset-applied", "latency")), figures
     assert set(figures["faults_by_service"]) == {"table", "queue"}
+    assert figures["recognised"].get("write", 0) > 0, "no ambiguous write was met and recognised"
     report = tmp_path / "BENCHMARKS.md"
     write_soak_report(report, verdict_markdown(verdict, seed=13, machine=describe(), baseline=10.0))
     assert "## Chaos soak under Azure's push-back" in report.read_text() and "| storage faults injected: 503 |" in report.read_text()
