@@ -40,12 +40,11 @@ from typing import Any
 from azure.core import MatchConditions
 from azure.core.exceptions import (
     HttpResponseError,
-    ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
     ServiceResponseError,
 )
-from azure.data.tables import TableClient, TableTransactionError, UpdateMode
+from azure.data.tables import TableClient, UpdateMode
 
 from adapters import telemetry
 from core import lifecycle
