@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from adapters import wiring
 from adapters.wiring import services
 from core.models import AgentRequest, LineState, Nudge, ProcessState
 from core.workflow import Kind
@@ -106,3 +107,15 @@ def test_a_rejection_applied_then_retried_is_one_row(app_settings, storage_proxy
     submit_message(b"{not json", message_id="bad-1")
     (row,) = services().rejections.list()
     assert row["MessageId"] == "bad-1" and row["Body"] == b"{not json"
+
+
+def test_the_services_start_when_ensuring_a_table_gets_no_answer(app_settings, storage_proxy):
+    """ordersctl and every host build the services first; a create-table POST whose
+    connection drops is not retried by the SDK, and must not stop them (the operator's
+    resubmit failed on it in a push-back soak)."""
+    wiring.reset()
+    storage_proxy.inject("reset-applied", service="table", method="POST")
+    built = services()
+    assert storage_proxy.counts()["faults"]["reset-applied"] == 1
+    submit("o-7")
+    assert built.store.get("o-7").process_state is ProcessState.PENDING
