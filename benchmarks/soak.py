@@ -534,6 +534,8 @@ def verdict_json(v: Verdict) -> dict:
         "storage_requests": v.fault_counts.get("requests", {}),
         "recognised": v.recognised,
         "faults_by_service": v.fault_counts.get("faults_by_service", {}),
+        # Forwarding failures of the proxy itself (not injected faults): should stay 0.
+        "storage_upstream_errors": v.fault_counts.get("upstream_errors", 0),
         "processed": v.processed,
         "compensated": v.compensated,
         "alerts_misnamed": len(v.alerts_misnamed),

@@ -29,6 +29,8 @@ from .faults import APPLIED_500, BUSY, BUSY_MESSAGE, LATENCY, RESET_APPLIED, TIM
 log = logging.getLogger(__name__)
 
 CONTROL_PATH = "/_faults"
+#: Counted when forwarding itself failed (the proxy's upstream, not an injected fault).
+UPSTREAM_ERROR = "upstream-error"
 #: Hop-by-hop and framing headers, never forwarded (aiohttp frames each side itself).
 _HOP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "proxy-connection", "upgrade"}
 
@@ -47,6 +49,7 @@ class Counts:
             "requests": dict(self.requests),
             "faults": {kind: by_kind.get(kind, 0) for kind in (BUSY, APPLIED_500, RESET_APPLIED, LATENCY)},
             "faults_by_service": {service: dict(c) for service, c in self.faults.items()},
+            "upstream_errors": by_kind.get(UPSTREAM_ERROR, 0),
         }
 
 
@@ -72,7 +75,9 @@ class FaultProxy:
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=512, limit_per_host=512),
+            # Idle upstream connections are let go before Node's 5 s keep-alive timeout
+            # (Azurite's server) can close one under a request being sent on it.
+            connector=aiohttp.TCPConnector(limit=512, limit_per_host=512, keepalive_timeout=2),
             auto_decompress=False, skip_auto_headers=("Content-Type", "User-Agent", "Accept-Encoding", "Accept"),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
         )
@@ -126,28 +131,41 @@ class FaultProxy:
                 headers, payload = error_response(service, 503, "ServerBusy", BUSY_MESSAGE)
                 return web.Response(status=503, reason="Server Busy", headers=headers, body=payload)
             headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-            async with self._session.request(
-                request.method, URL(upstream + request.raw_path, encoded=True),
-                headers=headers, data=body or None, allow_redirects=False,
-            ) as answer:
-                payload = await answer.read()
-                status, reason = answer.status, answer.reason
-                answer_headers = [(k, v) for k, v in answer.headers.items() if k.lower() not in _HOP]
+            try:
+                async with self._session.request(
+                    request.method, URL(upstream + request.raw_path, encoded=True),
+                    headers=headers, data=body or None, allow_redirects=False,
+                ) as answer:
+                    payload = await answer.read()
+                    status, reason = answer.status, answer.reason
+                    answer_headers = [(k, v) for k, v in answer.headers.items() if k.lower() not in _HOP]
+            except aiohttp.ClientError as error:
+                # The upstream failed us: the client sees what a network failure looks like,
+                # a dropped connection, never an answer the storage service would not send.
+                self._count(service, UPSTREAM_ERROR)
+                log.warning("%s %s: upstream failed (%s); dropping the client's connection",
+                            request.method, request.path, error)
+                return self._drop(request)
             if fault == APPLIED_500:  # applied, then the answer lost: the client sees a timeout error
                 self._count(service, APPLIED_500)
                 headers, payload = error_response(service, 500, "OperationTimedOut", TIMED_OUT_MESSAGE)
                 return web.Response(status=500, reason="Operation Timed Out", headers=headers, body=payload)
             if fault == RESET_APPLIED:  # applied, then the connection dropped with no answer
                 self._count(service, RESET_APPLIED)
-                if request.transport is not None:
-                    request.transport.abort()
-                raise asyncio.CancelledError  # aiohttp closes the handler; nothing is written
+                return self._drop(request)
             response = web.Response(status=status, reason=reason, body=payload)
             for key, value in answer_headers:
                 response.headers.add(key, value)
             return response
 
         return handle
+
+    @staticmethod
+    def _drop(request: web.Request):
+        """Abort the client's connection with no answer."""
+        if request.transport is not None:
+            request.transport.abort()
+        raise asyncio.CancelledError  # aiohttp ends the handler; nothing is written
 
     async def _control(self, request: web.Request) -> web.Response:
         if request.method == "PUT":

@@ -19,7 +19,7 @@ from azure.core.exceptions import HttpResponseError, ServiceResponseError
 from azure.data.tables import TableServiceClient, UpdateMode
 from azure.storage.queue import ExponentialRetry, QueueClient
 
-from tools.storage_faults import CONTROL_PATH, StorageFaults
+from tools.storage_faults import CONTROL_PATH, StorageFaults, start_in_thread
 
 IMPORT_ROOT = Path(__file__).resolve().parents[3]
 
@@ -192,3 +192,24 @@ def test_the_command_refuses_a_bad_fault_spec():
     result = subprocess.run([sys.executable, "-m", "tools.storage_faults", "--connection-string", "x", "--faults", "503"],
                             cwd=IMPORT_ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "KIND=RATE" in result.stderr
+
+
+def test_an_upstream_that_fails_drops_the_clients_connection_and_is_counted_apart(name):
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    proxy = start_in_thread({"table": f"http://127.0.0.1:{port}"})
+    try:
+        client = TableServiceClient.from_connection_string(
+            f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=a2V5;"
+            f"TableEndpoint={proxy.endpoints['table']}/devstoreaccount1;"
+        ).get_table_client(name)
+        with pytest.raises(ServiceResponseError):
+            client.create_entity({"PartitionKey": "p", "RowKey": "r"})
+        counts = proxy.counts()
+        assert counts["upstream_errors"] == 1 and counts["faults"] == {
+            "503": 0, "500-applied": 0, "reset-applied": 0, "latency": 0}
+    finally:
+        proxy.stop()
