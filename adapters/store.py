@@ -38,7 +38,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import logging
 import re
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -48,13 +50,20 @@ from enum import Enum
 from typing import Any, NamedTuple, TypeVar
 
 from azure.core import MatchConditions
-from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
-from azure.data.tables import TableClient, TableTransactionError, UpdateMode
+from azure.core.exceptions import (
+    HttpResponseError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+    ServiceResponseError,
+)
+from azure.data.tables import TableClient, UpdateMode
 
 from adapters import telemetry
 from core import lifecycle, names
 from core.models import LineRecord, LineState, OrderRequest, OrderState, ProcessState, first_claim_key
 from core.workflow import Kind, Workflow
+
+log = logging.getLogger(__name__)
 
 ORDER_ROW = "order"
 STATE_ROW = "state"
@@ -63,6 +72,11 @@ STATE_ROW = "state"
 UNSHARDED_ACTIVE_PARTITION = names.ACTIVE_PREFIX
 #: Threads that read the index's partitions, and the in-flight orders' state rows, at once.
 INDEX_READERS = 16
+#: A property of the state row: a new random id on every write of it (creation, each
+#: transition). When Azure applies a write but reports it failed (a 500 OperationTimedOut,
+#: a dropped connection) and the SDK's retry then meets the write itself (412, 409), the
+#: store reads the row back: its own WriteId there means the write is done (docs/scale.md).
+WRITE_ID = "WriteId"
 #: The agents' circuit breakers as they were published: one row per (remote service, host
 #: instance), written only when that breaker changes state (``ordersctl breakers``).
 BREAKERS_PARTITION = "_breakers"
@@ -220,6 +234,8 @@ class OrderRecord:
     document: str
     state: OrderState
     lines: tuple[LineRecord, ...]
+    #: The state row's :data:`WRITE_ID`: which write last wrote it.
+    write_id: str | None = None
 
     def results(self) -> dict[str, dict[str, Any]]:
         """Results of the steps whose action is done, by step name."""
@@ -282,6 +298,8 @@ class StateStore:
         self.shards = shards
         #: Table operations by kind, for benchmarks and tests (operations per order).
         self.ops: Counter[str] = Counter()
+        #: Writes reported failed but found applied (their write id on the row), by kind.
+        self.recognised: Counter[str] = Counter()
 
     def _op(self, kind: str) -> None:
         self.ops[kind] += 1
@@ -307,23 +325,37 @@ class StateStore:
         # can heal; the other order would leave an order nobody supervises.
         self._index(order.order_id, now)
         seal = first_claim_key(state.workflow, state.workflow_version, state.reply_to, document)
+        write_id = _new_write_id()
         operations = [
             ("create", {"PartitionKey": order.order_id, "RowKey": ORDER_ROW, "Document": document}),
-            ("create", state_to_entity(state)),
+            ("create", {**state_to_entity(state), WRITE_ID: write_id}),
             ("create", {"PartitionKey": order.order_id, "RowKey": seal}),  # the first claim's seal (dispatch.py)
         ]
         try:
             self._op("transaction")
             results = self.table.submit_transaction(operations)
-        except (TableTransactionError, ResourceExistsError) as error:
-            if not _is_conflict(error):
+        except (ServiceResponseError, HttpResponseError) as error:
+            if _is_conflict(error):
+                return self._existing(order.order_id, document, write_id)
+            if not _ambiguous(error):
                 raise
-            return self._existing(order.order_id, document)
+            # Sent, but no answer (a dropped connection: the SDK does not retry a POST) or a
+            # 5xx left after the SDK's retries: applied or not, the partition says which.
+            try:
+                return self._existing(order.order_id, document, write_id)
+            except OrderNotFound:
+                raise error from None
         etag = results[1].get("etag")
         return Created(state.model_copy(update={"etag": etag}), created=True)
 
-    def _existing(self, order_id: str, document: str) -> Created:
+    def _existing(self, order_id: str, document: str, write_id: str) -> Created:
+        """The order already there: this very submission's write, whose success was lost on
+        the way back (created), the same order submitted before (a duplicate), or another
+        order under the same id (:class:`OrderConflict`)."""
         record = self.read(order_id)
+        if record.write_id == write_id:
+            self._recognised("create", order_id, "409 entity exists, or no answer")
+            return Created(record.state, created=True)
         if record.document != document:
             raise OrderConflict(order_id, record.document, document)
         if record.state.process_state.terminal:
@@ -345,7 +377,9 @@ class StateStore:
             (line_from_entity(row) for key, row in rows.items() if key.startswith(_LINE_PREFIXES)),
             key=lambda line: line.updated_at,
         )
-        return OrderRecord(rows[ORDER_ROW]["Document"], state_from_entity(rows[STATE_ROW]), tuple(lines))
+        return OrderRecord(
+            rows[ORDER_ROW]["Document"], state_from_entity(rows[STATE_ROW]), tuple(lines), rows[STATE_ROW].get(WRITE_ID)
+        )
 
     def get(self, order_id: str) -> OrderState:
         """The state of an order; raises :class:`OrderNotFound`."""
@@ -375,13 +409,16 @@ class StateStore:
         The state row gets only the properties that differ (a MERGE), with If-Match on
         ``current.etag``; with lines, all of it is one entity-group transaction, which
         fails whole if the state row moved. Raises :class:`ConcurrencyConflict` if
-        someone else moved the row.
+        someone else moved the row. A write Azure applied but reported failed (its retry
+        answered 412, or no answer at all) is recognised by its :data:`WRITE_ID` on the
+        row and returned as written.
         """
         if current.etag is None:
             raise ValueError("a transition needs the ETag the state was read with")
         before, after = state_to_entity(current), state_to_entity(new)
         changes = {key: value for key, value in after.items() if before.get(key) != value}
-        changes.update(PartitionKey=new.order_id, RowKey=STATE_ROW)
+        write_id = _new_write_id()
+        changes.update(PartitionKey=new.order_id, RowKey=STATE_ROW, **{WRITE_ID: write_id})
         guard = {"etag": current.etag, "match_condition": MatchConditions.IfNotModified}
         try:
             if not lines and consume is None:
@@ -397,19 +434,41 @@ class StateStore:
                          {"match_condition": MatchConditions.Unconditionally})
                     )
                 metadata = self.table.submit_transaction(operations)[0]
-        except ResourceModifiedError as error:
-            raise ConcurrencyConflict(f"order {new.order_id!r} changed since it was read") from error
-        except ResourceNotFoundError as error:
-            raise OrderNotFound(f"no order {new.order_id!r}") from error
-        except TableTransactionError as error:
-            if getattr(error, "status_code", None) == 412 or "UpdateConditionNotSatisfied" in str(error):
-                raise ConcurrencyConflict(f"order {new.order_id!r} changed since it was read") from error
-            if getattr(error, "status_code", None) == 404:
-                if consume is not None:
-                    raise ConcurrencyConflict(f"order {new.order_id!r}: no row {consume!r} to consume") from error
+        except (ServiceResponseError, HttpResponseError) as error:
+            status = getattr(error, "status_code", None)
+            gone = isinstance(error, ResourceNotFoundError) or status == 404
+            if gone and consume is None:
                 raise OrderNotFound(f"no order {new.order_id!r}") from error
+            # With a row to consume, a 404 is that row gone (an earlier claim consumed it, or
+            # this very write, applied and retried): the same as a 412 below.
+            moved = gone or isinstance(error, ResourceModifiedError) or status == 412 or "UpdateConditionNotSatisfied" in str(error)
+            # A 412 is someone else's write, or ours: applied, reported failed (a 500
+            # OperationTimedOut), then retried by the SDK. A dropped connection (the SDK does
+            # not retry a PATCH or a POST) or a 5xx left after its retries: applied or not.
+            if moved or _ambiguous(error):
+                etag, holder = self._row_version(new.order_id)
+                if holder == write_id:
+                    self._recognised("write", new.order_id, type(error).__name__)
+                    return new.model_copy(update={"etag": etag})
+                # Not ours: if the row moved on, this If-Match write can never apply.
+                moved = moved or (etag is not None and etag != current.etag)
+            if moved:
+                raise ConcurrencyConflict(f"order {new.order_id!r} changed since it was read") from error
             raise
         return new.model_copy(update={"etag": metadata["etag"]})
+
+    def _row_version(self, order_id: str) -> tuple[str | None, str | None]:
+        """The state row's ETag and :data:`WRITE_ID` (which write last wrote it); Nones if it is gone."""
+        self._op("read")
+        try:
+            entity = self.table.get_entity(order_id, STATE_ROW)
+        except ResourceNotFoundError:
+            return None, None
+        return entity.metadata["etag"], entity.get(WRITE_ID)
+
+    def _recognised(self, what: str, order_id: str, answer: str) -> None:
+        self.recognised[what] += 1
+        log.info("order %s: the %s answered %s had been applied: recognised by its write id", order_id, what, answer)
 
     def transition(
         self, current: OrderState, new: OrderState | None, lines: Sequence[LineRecord] = ()
@@ -719,6 +778,17 @@ class StateStore:
             if row.order_id != last:
                 yield row
             last = row.order_id
+
+
+def _new_write_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _ambiguous(error: Exception) -> bool:
+    """A write that may or may not have been applied: sent with no answer back, or a 5xx."""
+    if isinstance(error, ServiceResponseError):
+        return True
+    return (getattr(error, "status_code", None) or 0) >= 500
 
 
 def _is_conflict(error: Exception) -> bool:

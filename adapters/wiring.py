@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from azure.core.exceptions import HttpResponseError
+from azure.core.exceptions import HttpResponseError, ServiceResponseError
 from pydantic import BaseModel
 
 from adapters import clients, telemetry
@@ -55,10 +55,13 @@ class Services:
 def _ensure_table(tables, name: str) -> None:
     # In Azure the tables are provisioned by the Bicep and the identity may not be
     # allowed to create them; locally (Azurite) this creates them on first use.
+    # A dropped answer (ServiceResponseError: the SDK does not retry this POST) says
+    # nothing about the table either: assume it is there, as for a refusal.
     try:
         tables.create_table_if_not_exists(name)
-    except HttpResponseError as error:
-        log.info("could not ensure table %s exists (%s); assuming it is provisioned", name, error.reason)
+    except (HttpResponseError, ServiceResponseError) as error:
+        log.info("could not ensure table %s exists (%s); assuming it is provisioned", name,
+                 getattr(error, "reason", None) or type(error).__name__)
 
 
 M = TypeVar("M", bound=BaseModel)

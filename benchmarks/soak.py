@@ -30,8 +30,10 @@ The command writes its figures to the chaos soak section of ``BENCHMARKS.md``
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -50,7 +52,7 @@ from rich.console import Console
 
 from adapters.store import StateStore
 from benchmarks.machine import describe
-from benchmarks.report import write_soak_section
+from benchmarks.report import SOAK_BEGIN, SOAK_END, write_soak_section
 from core import names
 from core.models import OrderState, ProcessState
 from core.workflow import CURRENT, Kind, remotes
@@ -58,8 +60,11 @@ from devtools.demo import ERROR_SCRIPTS, error_scripts, read_alerts
 from devtools.localstack import LocalStack
 from devtools.orders import order_message
 from devtools.paths import ROOT
+from devtools.run import STORAGE_FAULTS_HELP, storage_faults_option
 from devtools.stats import EFFECT_CHECKS, EffectsAudit, audit_effects
 from tools.servicebus_emulator import QueueSettings
+from tools.storage_faults import KINDS as STORAGE_FAULT_KINDS
+from tools.storage_faults import StorageFaults
 
 console = Console()
 
@@ -132,6 +137,13 @@ class Verdict:
     postponed: int = 0
     #: Seconds from the start to the end of each phase (stack up, all final, settled, operator).
     phases: dict[str, float] = field(default_factory=dict)
+    #: Azure's push-back injected (tools/storage_faults): the rates, and the proxy's counts
+    #: (requests per service, faults by kind); empty without it.
+    storage_faults: str | None = None
+    fault_counts: dict = field(default_factory=dict)
+    #: Writes answered as failed (412/409 on the SDK's retry, or no answer) that the hosts
+    #: found applied by their write id, by kind (``write``, ``create``), from the host logs.
+    recognised: dict[str, int] = field(default_factory=dict)
 
     @property
     def compensated(self) -> int:
@@ -144,6 +156,12 @@ class Verdict:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def orders_per_second(self) -> float:
+        """Orders brought to a final state per second, from the first order sent to the last final."""
+        seconds = self.phases.get("all final", 0) - self.phases.get("stack up", 0)
+        return round(self.orders / seconds, 2) if seconds > 0 else 0.0
 
 
 def soak_id(i: int) -> str:
@@ -216,10 +234,14 @@ def _busy(leftover: dict[str, int]) -> bool:
 
 
 def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, duplicate_share: float = 0.1,
-             replay_share: float = 0.1, kill_host: bool = True, out: Path = ROOT / "demo-output" / "soak") -> Verdict:
+             replay_share: float = 0.1, kill_host: bool = True, out: Path = ROOT / "demo-output" / "soak",
+             storage_faults: StorageFaults | None = None, operator: bool = True) -> Verdict:
+    """``storage_faults``: Azure Storage's push-back between the hosts (and the operator's
+    ``ordersctl``) and Azurite; the soak's own audit reads Azurite directly."""
     rng = random.Random(seed)
     scripted = scripted_errors(orders)
-    stack = SoakStack(settings=SOAK_SETTINGS, remote_seed=seed, remote_slow_seconds=8.0, log_dir=out / "logs")
+    stack = SoakStack(settings=SOAK_SETTINGS, remote_seed=seed, remote_slow_seconds=8.0, log_dir=out / "logs",
+                      storage_faults=storage_faults, storage_faults_seed=seed)
     counter: Counter = Counter()
     started = time.monotonic()
     phases: dict[str, float] = {}
@@ -291,11 +313,15 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
         verdict = _audit(orders, states, effects, alerts, scripted, duplicates, counter["replayed"], killed_at,
                          leftover, dead)
         verdict.breaker_opened, verdict.postponed = breaker_figures(stack.host_logs)
-        if not verdict.not_terminal:
+        verdict.recognised = recognised_writes(stack.host_logs)
+        if operator and not verdict.not_terminal:
             errors = [o for o, s in states.items() if s.process_state is ProcessState.ERROR]
             operator_phase(stack, store, verdict, errors)
             phase("operator done")
         verdict.phases = phases
+        verdict.storage_faults = storage_faults.to_arg() if storage_faults is not None else None
+        verdict.fault_counts = stack.storage_fault_counts()
+    phase("stopped")
     verdict.elapsed_s = round(time.monotonic() - started, 1)
     return verdict
 
@@ -311,6 +337,16 @@ def breaker_figures(logs: list[Path]) -> tuple[dict[str, int], int]:
             elif "[scheduler.dispatch]" in line and " postponed for " in line:
                 postponed += 1
     return dict(opened), postponed
+
+
+def recognised_writes(logs: list[Path]) -> dict[str, int]:
+    """Ambiguous writes the hosts found applied (adapters/store.py logs each), by kind."""
+    found: Counter = Counter()
+    for path in logs:
+        for line in path.read_text(errors="replace").splitlines():
+            if "recognised by its write id" in line and "[adapters.store]" in line:
+                found[line.split(": the ", 1)[1].split(" ", 1)[0]] += 1
+    return dict(found)
 
 
 def _resubmit(stack: LocalStack, order_id: str) -> str | None:
@@ -445,8 +481,74 @@ def _counts(audit: EffectsAudit, check: str) -> list[int]:
     return [int(problem.split()[0]) for problems in audit.problems[check].values() for problem in problems]
 
 
-def verdict_markdown(v: Verdict, *, seed: int, machine: dict[str, str]) -> str:
-    """The soak's section of ``BENCHMARKS.md``."""
+SOAK_TITLE = "## Chaos soak"
+PUSHBACK_TITLE = "## Chaos soak under Azure's push-back"
+_THROUGHPUT = re.compile(r"\| throughput \(orders sent to all final\) \| ([\d.]+) orders/s \|")
+
+
+def _soak_sections(report: Path) -> dict[str, str]:
+    """The soak block's sections by title (the plain soak's, the push-back soak's)."""
+    text = report.read_text(encoding="utf-8") if report.exists() else ""
+    begin, end = text.find(SOAK_BEGIN), text.find(SOAK_END)
+    if begin < 0 or end < 0:
+        return {}
+    block = "\n" + text[begin + len(SOAK_BEGIN):end]
+    return {"## " + chunk.split("\n", 1)[0].strip(): ("## " + chunk).rstrip() + "\n" for chunk in block.split("\n## ")[1:]}
+
+
+def baseline_throughput(report: Path) -> float | None:
+    """The plain soak's orders/s, as its section in ``report`` gives it."""
+    match = _THROUGHPUT.search(_soak_sections(report).get(SOAK_TITLE, ""))
+    return float(match[1]) if match else None
+
+
+def write_soak_report(report: Path, markdown: str) -> None:
+    """Replace this soak's section (plain or push-back) in the report's soak block, keeping the other."""
+    sections = _soak_sections(report)
+    sections[markdown.split("\n", 1)[0].strip()] = markdown
+    ordered = [sections[t] for t in (SOAK_TITLE, PUSHBACK_TITLE) if t in sections]
+    write_soak_section(report, "\n".join(part.rstrip() + "\n" for part in ordered))
+
+
+def verdict_json(v: Verdict) -> dict:
+    """The soak's figures for ``--json``: the keys issue 20 names, then the detail."""
+    never_written = [o for o in v.not_terminal if o.endswith("(never written)")]
+    effect_failures = {o for check in ("processed", "compensated", "error")
+                       for found in v.audit.problems.get(check, {}).values() for o in found}
+    return {
+        "orders": v.orders,
+        "not_terminal": len(v.not_terminal),
+        # Orders never written, or whose remote effects do not match their final state.
+        "lost": len(never_written) + len(effect_failures),
+        "applied_twice": sum(_counts(v.audit, "twice")),
+        "late_calls": sum(_counts(v.audit, "late")),
+        "alerts": sum(v.alerts_by_order.values()),
+        "error_orders": v.errors,
+        "faults": v.fault_counts.get("faults", {}),
+        "ok": v.ok,
+        "problems": v.problems,
+        "orders_per_second": v.orders_per_second,
+        "elapsed_s": v.elapsed_s,
+        "phases": v.phases,
+        "storage_faults": v.storage_faults,
+        "storage_requests": v.fault_counts.get("requests", {}),
+        "recognised": v.recognised,
+        "faults_by_service": v.fault_counts.get("faults_by_service", {}),
+        # Forwarding failures of the proxy itself (not injected faults): should stay 0.
+        "storage_upstream_errors": v.fault_counts.get("upstream_errors", 0),
+        "processed": v.processed,
+        "compensated": v.compensated,
+        "alerts_misnamed": len(v.alerts_misnamed),
+        "after_resubmit": v.after_resubmit,
+        "duplicates_sent": v.duplicates_sent,
+        "responses_replayed": v.responses_replayed,
+        "host_killed_at": v.host_killed_at,
+    }
+
+
+def verdict_markdown(v: Verdict, *, seed: int, machine: dict[str, str], baseline: float | None = None) -> str:
+    """The soak's section of ``BENCHMARKS.md`` (under Azure's push-back: its own section,
+    with the throughput against ``baseline``, the plain soak's orders/s)."""
     killed = "not killed" if v.host_killed_at is None else f"killed (SIGKILL) at {v.host_killed_at:.1f} s and restarted"
     dead = "; ".join(
         f"{queue}: " + ", ".join(f"{reason} {n}" for reason, n in Counter(reasons).items())
@@ -490,23 +592,41 @@ def verdict_markdown(v: Verdict, *, seed: int, machine: dict[str, str]) -> str:
          sum(n for q, n in v.leftover.items() if q != names.ALERTS_QUEUE), "must be 0"),
         ("dead-lettered", dead or 0, "must be 0"),
         ("elapsed", f"{v.elapsed_s} s", ""),
+        ("throughput (orders sent to all final)", f"{v.orders_per_second} orders/s", ""),
     ]
+    if v.storage_faults:
+        injected = v.fault_counts.get("faults", {})
+        rows += [
+            ("storage requests through the fault proxy (tables / queues)",
+             " / ".join(str(v.fault_counts.get("requests", {}).get(s, 0)) for s in ("table", "queue")), ""),
+            *((f"storage faults injected: {kind}", injected.get(kind, 0), "") for kind in STORAGE_FAULT_KINDS),
+            ("writes answered failed but found applied (by their write id): transitions / creates",
+             f"{v.recognised.get('write', 0)} / {v.recognised.get('create', 0)}", "each went on as written"),
+        ]
+        if baseline:
+            rows.append(("throughput with push-back / without (the plain soak above)",
+                         f"{v.orders_per_second / baseline:.2f}", f"{v.orders_per_second} / {baseline} orders/s"))
     faults = "; ".join(
         f"{service}: " + ", ".join(f"{kind} {rate:.0%}" for kind, rate in rates.items())
         for service, rates in SOAK_FAULTS.items()
     )
     kinds = "; ".join(f"({n}) {what}" for n, (what, _) in enumerate(ERROR_SCRIPTS[: len(v.scripted)], 1))
     settings = ", ".join(f"`{k}={v_}`" for k, v_ in SOAK_SETTINGS.items())
+    pushback = (
+        f" Azure Storage's push-back between the app and Azurite (tools/storage_faults), per request: "
+        f"`{v.storage_faults}`; the soak's own audit reads Azurite directly." if v.storage_faults else ""
+    )
     lines = [
-        "## Chaos soak",
+        PUSHBACK_TITLE if v.storage_faults else SOAK_TITLE,
         "",
-        f"`make soak` (`python -m benchmarks.soak --orders {v.orders} --seed {seed}`), {machine['date']}, "
+        f"`make soak` (`python -m benchmarks.soak --orders {v.orders} --seed {seed}"
+        f"{' --azure-faults' if v.storage_faults else ''}`), {machine['date']}, "
         f"{machine['cores']} cores ({machine['cpu']}), Python {machine['python']}: the three-step workflow "
         f"(reserve@inventory, charge@payments, ship@shipping) on two local hosts (two supervisors), "
         f"host 1 {killed}; remote faults per call: {faults} (transient, throttle and drop are retried; slow answers "
         f"after the step's deadline, a lost response; permanent refusals hit actions and compensations alike); "
         f"{len(v.scripted)} orders scripted to end in Error, in turn: {kinds}; settings: {settings}, "
-        f"Service Bus lock duration {SOAK_LOCK_SECONDS:g} s.",
+        f"Service Bus lock duration {SOAK_LOCK_SECONDS:g} s.{pushback}",
         "",
         "**Result: " + ("all checks passed" if v.ok else "FAILED: " + "; ".join(v.problems)) + "**",
         "",
@@ -525,13 +645,36 @@ def main(
                                          show_default="BENCHMARKS.md")] = (
         ROOT / "BENCHMARKS.md"
     ),
+    storage_faults: Annotated[str | None, typer.Option(help=STORAGE_FAULTS_HELP)] = None,
+    azure_faults: Annotated[bool, typer.Option(
+        help="Azure's push-back at its default rates: storage faults (503=0.02,500-applied=0.01,"
+             "reset-applied=0.01,latency=0.05:0.5) and Service Bus faults.")] = False,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON to this file.")] = None,
 ) -> None:
-    """Run the chaos soak and audit the outcome (exit 1 if any check fails)."""
+    """Run the chaos soak and audit the outcome (exit 1 if any check fails).
+
+    With Azure's push-back (``--azure-faults`` or ``--storage-faults``) the figures go to
+    the report's push-back section, beside the plain soak's."""
     machine = describe()
-    verdict = run_soak(orders, seed=seed, time_limit=time_limit)
+    faults = storage_faults_option(storage_faults)
+    if azure_faults:
+        faults = faults or StorageFaults.default()
+        # MERGE POINT (Service Bus push-back): servicebus_faults = ServiceBusFaults.default() from
+        # devtools.localstack, passed to run_soak beside storage_faults; one line, added at merge.
+    verdict = run_soak(orders, seed=seed, time_limit=time_limit, storage_faults=faults)
     print_verdict(verdict)
-    write_soak_section(report, verdict_markdown(verdict, seed=seed, machine=machine))
-    console.print(f"figures written to the chaos soak section of {report.name}")
+    if verdict.fault_counts:
+        console.print(f"Azure's push-back: {verdict.storage_faults}; injected {verdict.fault_counts.get('faults')}, "
+                      f"of {verdict.fault_counts.get('requests')} requests; writes found applied by their write id "
+                      f"{verdict.recognised or 0}; {verdict.orders_per_second} orders/s")
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(verdict_json(verdict), indent=2) + "\n")
+        console.print(f"figures written to {json_out}")
+    baseline = baseline_throughput(report) if verdict.storage_faults else None
+    write_soak_report(report, verdict_markdown(verdict, seed=seed, machine=machine, baseline=baseline))
+    console.print(f"figures written to the {'push-back ' if verdict.storage_faults else ''}chaos soak section "
+                  f"of {report.name}")
     raise typer.Exit(0 if verdict.ok else 1)
 
 

@@ -8,12 +8,14 @@ Every process it starts is stopped by :meth:`LocalStack.stop`, also after Ctrl-C
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ from devtools import azurite as azurite_launcher
 from devtools import fake_remote
 from devtools.paths import ROOT
 from tools.servicebus_emulator import QueueSettings
+from tools.storage_faults import CONTROL_PATH, StorageFaults
 
 STACK_MARK = "LOCAL_STACK_ID"
 _READY = re.compile(r"funchost ready: functions=(\d+) errors=(\d+)(?:.*? http=(http://\S+))?")
@@ -76,12 +79,19 @@ class LocalStack:
     #: Queues for clients beside the app's (a submitter's ReplyTo queue, e.g. ``my-status``).
     client_queues: tuple[str, ...] = ()
     log_dir: Path = ROOT / "demo-output" / "logs"
+    #: Azure Storage's push-back (tools/storage_faults): when set, the hosts reach Azurite's
+    #: tables and queues through the fault proxy at these rates (``--storage-faults``).
+    storage_faults: StorageFaults | None = None
+    storage_faults_seed: int = 1
     #: Each host writes its spans and metric points as JSON lines beside its log
     #: (``spans-host-N.jsonl``, ``metrics-host-N.jsonl``; docs/observability.md).
     telemetry: bool = True
 
     def __post_init__(self) -> None:
         self.azurite = None
+        self.storage_proxy: subprocess.Popen | None = None
+        #: The storage connection string the app uses: Azurite's, or through the fault proxy.
+        self.storage_connection_string = ""
         self.emulator: subprocess.Popen | None = None
         self.servicebus_connection_string = ""
         self.remote = None
@@ -103,6 +113,7 @@ class LocalStack:
         try:
             self.azurite = self._start_azurite()
             self._provision_storage()
+            self._start_storage_proxy()
             self._start_emulator()
             self.remote = self._start_remote()
             self.start_hosts(hosts)
@@ -140,6 +151,42 @@ class LocalStack:
             for queue in (name, name + names.POISON_SUFFIX):
                 queues.create_queue(queue)
 
+    def _start_storage_proxy(self) -> None:
+        """The fault proxy in front of Azurite's tables and queues, if faults are asked for."""
+        self.storage_connection_string = self.azurite.connection_string
+        if self.storage_faults is None:
+            return
+        log = open(self.log_dir / "storage-faults.log", "wb")  # noqa: SIM115 - the proxy writes to it until it stops
+        self.storage_proxy = subprocess.Popen(
+            [sys.executable, "-m", "tools.storage_faults", "--connection-string", self.azurite.connection_string,
+             "--faults", self.storage_faults.to_arg(), "--seed", str(self.storage_faults_seed)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, text=True,
+        )
+        line = self.storage_proxy.stdout.readline().strip()
+        if "TableEndpoint=" not in line:
+            raise StackError(f"the storage fault proxy did not start (see {log.name})")
+        self.storage_connection_string = line
+
+    def _storage_proxy_control(self, method: str = "GET", body: dict | None = None) -> dict:
+        endpoint = next(p.split("=", 1)[1] for p in self.storage_connection_string.split(";")
+                        if p.startswith("TableEndpoint="))
+        request = urllib.request.Request(
+            endpoint.rsplit("/", 1)[0] + CONTROL_PATH, method=method, data=json.dumps(body).encode() if body else None
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.load(answer)
+
+    def storage_fault_counts(self) -> dict:
+        """The faults the proxy injected by kind, and the requests it served per service (empty without it)."""
+        if self.storage_proxy is None:
+            return {}
+        return self._storage_proxy_control()
+
+    def set_storage_faults(self, faults: StorageFaults) -> None:
+        """Change the proxy's rates (e.g. none, for an operator's phase)."""
+        if self.storage_proxy is not None:
+            self._storage_proxy_control("PUT", {"faults": faults.to_arg()})
+
     #: What the emulator process reads on stdin (the benchmarks ask it for operation counts there).
     emulator_stdin = subprocess.DEVNULL
 
@@ -167,7 +214,7 @@ class LocalStack:
         """App settings for a host process (what local.settings.json would hold)."""
         return {
             **app_names(),
-            names.STORAGE_CONNECTION: self.azurite.connection_string,
+            names.STORAGE_CONNECTION: self.storage_connection_string,
             names.SERVICEBUS_CONNECTION: self.servicebus_connection_string,
             **{names.remote_url_setting(remote): self.remote_url(remote) for remote in remotes()},
             names.WORKER_THREADS_SETTING: str(names.WORKER_THREADS),
@@ -247,6 +294,9 @@ class LocalStack:
         if self.emulator is not None:
             _signal(self.emulator, signal.SIGTERM)
             _wait(self.emulator, 10)
+        if self.storage_proxy is not None:
+            _signal(self.storage_proxy, signal.SIGTERM)
+            _wait(self.storage_proxy, 10)
         if self.azurite is not None:
             self.azurite.stop()
 

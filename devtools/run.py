@@ -20,6 +20,8 @@ from rich.console import Console
 from core.workflow import remotes
 from devtools.localstack import LocalStack
 from devtools.paths import ROOT
+from tools.storage_faults import KINDS as STORAGE_FAULT_KINDS
+from tools.storage_faults import StorageFaults
 
 console = Console()
 
@@ -32,6 +34,23 @@ def _pairs(values: list[str] | None, what: str) -> dict[str, str]:
             raise typer.BadParameter(f"{text!r}: expected {what}")
         pairs[name.strip()] = value.strip()
     return pairs
+
+
+def storage_faults_option(text: str | None) -> StorageFaults | None:
+    """``--storage-faults``: the fault proxy's rates, or None (no proxy)."""
+    if text is None:
+        return None
+    try:
+        return StorageFaults.parse(text)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+STORAGE_FAULTS_HELP = (
+    f"Put Azure Storage's push-back between the app and Azurite's tables and queues (tools/storage_faults): "
+    f"KIND=RATE per request, KIND one of {', '.join(STORAGE_FAULT_KINDS)} (latency=RATE:SECONDS), "
+    "e.g. 503=0.02,500-applied=0.01,reset-applied=0.01,latency=0.05:0.5."
+)
 
 
 def main(
@@ -57,6 +76,7 @@ def main(
     standard_storage_ports: Annotated[bool, typer.Option(help="Azurite on 10000-10002 (UseDevelopmentStorage=true).")] = True,
     settings_out: Annotated[Path, typer.Option(help="Where to write a settings file for ordersctl.")] = ROOT / "demo-output" / "run.settings.json",
     log_dir: Annotated[Path, typer.Option(help="Where the processes' logs go.")] = ROOT / "demo-output" / "logs",
+    storage_faults: Annotated[str | None, typer.Option(help=STORAGE_FAULTS_HELP)] = None,
 ) -> None:
     """Run the whole system locally in the foreground (Ctrl-C stops it)."""
     remote_urls = _pairs(remote, "NAME=URL, e.g. payments=http://127.0.0.1:9000/payments")
@@ -72,6 +92,7 @@ def main(
         remote_urls=remote_urls,
         client_queues=tuple(queue or ("my-status",)),
         log_dir=log_dir,
+        storage_faults=storage_faults_option(storage_faults),
     )
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
@@ -82,6 +103,9 @@ def main(
         # soft_wrap: a connection string stays on one line, whole, for copy and paste.
         console.print(f"  Service Bus : {stack.servicebus_connection_string}", soft_wrap=True)
         console.print(f"  Storage     : {stack.azurite.connection_string}", soft_wrap=True)
+        if stack.storage_proxy is not None:
+            console.print(f"  Storage faults: {storage_faults} (the app's storage goes through "
+                          f"{stack.storage_connection_string}; counts at GET /_faults on its ports)", soft_wrap=True)
         console.print(f"  Status API  : {stack.api_url}/orders/{{id}}, {stack.api_url}/orders?state=Error "
                       "(loopback only, no auth)", soft_wrap=True)
         console.print(f"  Operator page: {stack.api_url}/ops (orders per state, Error and Compensated orders, "

@@ -20,7 +20,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from azure.core import MatchConditions
-from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.core.exceptions import (
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+    ServiceResponseError,
+)
 from azure.data.tables import TableEntity, TableTransactionError, UpdateMode
 
 _CLAUSE = re.compile(r"^\s*(\w+)\s+(eq|ne|lt|le|gt|ge)\s+@(\w+)\s*$")
@@ -163,7 +168,8 @@ class MemoryTable:
         with self._lock:
             self.ops[kind] += 1
             try:
-                return self._apply(kind, entity, options)
+                result = self._apply(kind, entity, options)
+                return self._answer_lost(kind, lambda: self._apply(kind, entity, options), result)
             except _Status as error:
                 self._raise(error)
 
@@ -175,13 +181,48 @@ class MemoryTable:
         with self._lock:
             self.ops["transaction"] += 1
             saved = dict(self._rows)
-            try:
+
+            def apply_all() -> list[dict[str, Any]]:
                 return [self._apply(kind, entity, options) for kind, entity, options in operations]
+
+            try:
+                result = apply_all()
+                saved = dict(self._rows)  # applied: a retry that fails rolls back to here
+                return self._answer_lost("transaction", apply_all, result)
             except _Status as error:
                 self._rows = saved  # all or nothing
                 failure = TableTransactionError(message=str(error))
                 failure.status_code = error.status_code
                 raise failure from None
+
+    # -- Azure's ambiguous answers: applied, reported failed ----------------------------
+
+    #: (operation kind, retried by the SDK) of the answers still to lose, in order.
+    _lost_answers: list[tuple[str, bool]] = []
+
+    def lose_answers(self, kind: str, *, times: int = 1, retried: bool = True) -> None:
+        """The next ``times`` operations of ``kind`` (``create``, ``update``, ``upsert``,
+        ``delete``, ``transaction``) are applied and their answer lost, as when Azure
+        answers 500 OperationTimedOut, or drops the connection, after applying a write.
+
+        ``retried``: the SDK sends the same request again (it does after a 500, and after
+        a dropped GET, PUT or DELETE) and the caller gets the second answer: 412 for an
+        If-Match write, 409 for a create, 404 for a delete, success for an upsert.
+        Otherwise the caller gets the ``ServiceResponseError`` of a dropped connection,
+        which the SDK does not retry for a POST (create, transaction) or a PATCH (merge).
+        """
+        self._lost_answers = [*self._lost_answers, *[(kind, retried)] * times]
+
+    def _answer_lost(self, kind: str, again, result):
+        for i, (lost_kind, retried) in enumerate(self._lost_answers):
+            if lost_kind == kind:
+                del self._lost_answers[i]
+                self.ops[f"{kind} answer lost"] += 1
+                if not retried:
+                    raise ServiceResponseError("Connection aborted: the remote end closed the connection without a response")
+                self.ops[kind] += 1
+                return again()
+        return result
 
     def rows(self, partition_key: str) -> dict[str, dict[str, Any]]:
         """Test helper: the partition's rows by RowKey."""
