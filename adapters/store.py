@@ -436,12 +436,13 @@ class StateStore:
                 metadata = self.table.submit_transaction(operations)[0]
         except (ServiceResponseError, HttpResponseError) as error:
             status = getattr(error, "status_code", None)
-            gone = isinstance(error, ResourceNotFoundError) or status == 404
-            if gone and consume is None:
+            if isinstance(error, ResourceNotFoundError) or status == 404:
+                if consume is not None:
+                    # The state row's If-Match comes first in the transaction and passed: this
+                    # write was not applied before; the row to consume is gone (claimed already).
+                    raise ConcurrencyConflict(f"order {new.order_id!r}: no row {consume!r} to consume") from error
                 raise OrderNotFound(f"no order {new.order_id!r}") from error
-            # With a row to consume, a 404 is that row gone (an earlier claim consumed it, or
-            # this very write, applied and retried): the same as a 412 below.
-            moved = gone or isinstance(error, ResourceModifiedError) or status == 412 or "UpdateConditionNotSatisfied" in str(error)
+            moved = isinstance(error, ResourceModifiedError) or status == 412 or "UpdateConditionNotSatisfied" in str(error)
             # A 412 is someone else's write, or ours: applied, reported failed (a 500
             # OperationTimedOut), then retried by the SDK. A dropped connection (the SDK does
             # not retry a PATCH or a POST) or a 5xx left after its retries: applied or not.

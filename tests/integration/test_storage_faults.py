@@ -43,7 +43,8 @@ def requests_sent(app_settings, servicebus_emulator, remote: str, count: int) ->
 @pytest.mark.parametrize("fault", ["500-applied", "reset-applied"])
 def test_a_claim_applied_but_reported_failed_still_sends_its_request(app_settings, servicebus_emulator, storage_proxy, fault):
     nudge = submit("o-1")
-    storage_proxy.inject(fault, service="table", method="PATCH")  # the claim's If-Match MERGE
+    # The first claim: the state row's If-Match MERGE and the deletion of its first-claim seal, one transaction.
+    storage_proxy.inject(fault, service="table", method="POST")
     request = schedule(nudge)
     assert request is not None, "the app took its own claim for someone else's"
     (sent,) = requests_sent(app_settings, servicebus_emulator, "inventory", 1)

@@ -25,8 +25,9 @@ from tests.unit.test_workflow import World
 @pytest.mark.parametrize("retried", [True, False], ids=["retry answered 412", "connection dropped"])
 def test_a_claim_applied_but_reported_failed_is_recognised_and_its_request_sent(retried):
     w = World()
-    w.table.lose_answers("update", retried=retried)  # the claim: one If-Match MERGE
-    w.submit()
+    # The first claim: the state row's If-Match MERGE and the deletion of the order's
+    # first-claim seal, in one transaction.
+    w.submit(before_claim=lambda: w.table.lose_answers("transaction", retried=retried))
     assert w.sent() == [("action", "reserve")], "the claimed line was not sent"
     state = w.state()
     assert (state.process_state, state.attempt, state.locked_by) == (ProcessState.PROCESSING, 1, "host-1")

@@ -7,6 +7,7 @@ Agents are played by the test: it answers each agent request the scheduler sends
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -96,11 +97,13 @@ class World:
             max_postponements=MAX_POSTPONEMENTS,
         )
 
-    def submit(self, order_id: str = "o-1") -> str:
+    def submit(self, order_id: str = "o-1", *, before_claim: Callable[[], None] | None = None) -> str:
         order = OrderRequest.model_validate(order_dict(order_id, lines=1))
         created = self.store.create_order(
             order, workflow=self.definition, reply_to="replies", now=self.now, pending_timeout=timedelta(seconds=30)
         )
+        if before_claim is not None:
+            before_claim()
         dispatch.schedule(
             Nudge(order_id=order_id, state=created.state, document=order.document()),
             scheduler=self.scheduler, now=self.now,
