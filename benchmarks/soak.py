@@ -55,7 +55,7 @@ from core import names
 from core.models import OrderState, ProcessState
 from core.workflow import CURRENT, Kind, remotes
 from devtools.demo import ERROR_SCRIPTS, error_scripts, read_alerts
-from devtools.localstack import LocalStack
+from devtools.localstack import SERVICEBUS_FAULTS_HELP, LocalStack, ServiceBusFaults, servicebus_faults_option
 from devtools.orders import order_message
 from devtools.paths import ROOT
 from devtools.stats import EFFECT_CHECKS, EffectsAudit, audit_effects
@@ -132,6 +132,8 @@ class Verdict:
     postponed: int = 0
     #: Seconds from the start to the end of each phase (stack up, all final, settled, operator).
     phases: dict[str, float] = field(default_factory=dict)
+    #: Service Bus faults the emulator injected, by kind (--servicebus-faults; empty without).
+    servicebus_faults: dict[str, int] = field(default_factory=dict)
 
     @property
     def compensated(self) -> int:
@@ -216,10 +218,12 @@ def _busy(leftover: dict[str, int]) -> bool:
 
 
 def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, duplicate_share: float = 0.1,
-             replay_share: float = 0.1, kill_host: bool = True, out: Path = ROOT / "demo-output" / "soak") -> Verdict:
+             replay_share: float = 0.1, kill_host: bool = True, out: Path = ROOT / "demo-output" / "soak",
+             servicebus_faults: ServiceBusFaults | None = None) -> Verdict:
     rng = random.Random(seed)
     scripted = scripted_errors(orders)
-    stack = SoakStack(settings=SOAK_SETTINGS, remote_seed=seed, remote_slow_seconds=8.0, log_dir=out / "logs")
+    stack = SoakStack(settings=SOAK_SETTINGS, remote_seed=seed, remote_slow_seconds=8.0, log_dir=out / "logs",
+                      servicebus_faults=servicebus_faults)
     counter: Counter = Counter()
     started = time.monotonic()
     phases: dict[str, float] = {}
@@ -291,6 +295,7 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
         verdict = _audit(orders, states, effects, alerts, scripted, duplicates, counter["replayed"], killed_at,
                          leftover, dead)
         verdict.breaker_opened, verdict.postponed = breaker_figures(stack.host_logs)
+        verdict.servicebus_faults = stack.servicebus_fault_counts()
         if not verdict.not_terminal:
             errors = [o for o, s in states.items() if s.process_state is ProcessState.ERROR]
             operator_phase(stack, store, verdict, errors)
@@ -436,6 +441,8 @@ def print_verdict(v: Verdict) -> None:
                   f"circuit breakers opened {v.breaker_opened or 0}, {v.postponed} lines postponed")
     console.print(f"queues left: {v.leftover}; dead-letters: { {q: dict(Counter(r)) for q, r in v.dead_letters.items()} }")
     console.print(f"phases (s since the start): {v.phases}")
+    if v.servicebus_faults:
+        console.print(f"Service Bus faults injected: {v.servicebus_faults}")
     console.print(f"elapsed {v.elapsed_s} s — " + ("[green]all checks passed[/green]" if v.ok else
                                                      "[red]FAILED: " + "; ".join(v.problems) + "[/red]"))
 
@@ -525,10 +532,12 @@ def main(
                                          show_default="BENCHMARKS.md")] = (
         ROOT / "BENCHMARKS.md"
     ),
+    servicebus_faults: Annotated[str | None, typer.Option(help=SERVICEBUS_FAULTS_HELP)] = None,
 ) -> None:
     """Run the chaos soak and audit the outcome (exit 1 if any check fails)."""
     machine = describe()
-    verdict = run_soak(orders, seed=seed, time_limit=time_limit)
+    verdict = run_soak(orders, seed=seed, time_limit=time_limit,
+                       servicebus_faults=servicebus_faults_option(servicebus_faults))
     print_verdict(verdict)
     write_soak_section(report, verdict_markdown(verdict, seed=seed, machine=machine))
     console.print(f"figures written to the chaos soak section of {report.name}")

@@ -8,11 +8,13 @@ Every process it starts is stopped by :meth:`LocalStack.stop`, also after Ctrl-C
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -23,7 +25,7 @@ from core.workflow import remotes
 from devtools import azurite as azurite_launcher
 from devtools import fake_remote
 from devtools.paths import ROOT
-from tools.servicebus_emulator import QueueSettings
+from tools.servicebus_emulator import Faults, QueueSettings
 
 STACK_MARK = "LOCAL_STACK_ID"
 _READY = re.compile(r"funchost ready: functions=(\d+) errors=(\d+)(?:.*? http=(http://\S+))?")
@@ -56,6 +58,54 @@ def app_queues() -> list[QueueSettings]:
     return [servicebus_queue(spec) for spec in names.SERVICEBUS_QUEUES]
 
 
+#: The default throttle: Azure Standard's 1,000 credits per second per namespace scaled to
+#: what this machine's local stack carries. Azure's limit stops the three-step order near
+#: 70 orders/s (14 credits: 7 messages sent, 7 received); the local stack runs about a
+#: tenth of that (the soak: ~6-10 orders/s on 2 cores), so a tenth of the credits bites
+#: as often as the real limit does at the real load.
+DEFAULT_THROTTLE_CREDITS = 100.0
+
+
+@dataclass(frozen=True)
+class ServiceBusFaults(Faults):
+    """Azure's Service Bus push-back for the local stack's emulator (``--servicebus-faults SPEC``):
+    credits per second per namespace (``throttle``), and the probabilities of a lost lock (per
+    delivery) and of a dropped link or connection (per frame on a queue's link); see
+    tools/servicebus_emulator/faults.py and docs/scale.md."""
+
+    @classmethod
+    def default(cls) -> ServiceBusFaults:
+        """Moderate rates: a throttle that bites at the soak's load, 1% locks lost, 0.5% links and
+        0.2% connections dropped."""
+        return cls(throttle=DEFAULT_THROTTLE_CREDITS, lock_lost=0.01, link_drop=0.005, connection_drop=0.002)
+
+    @classmethod
+    def from_option(cls, text: str) -> ServiceBusFaults:
+        """A ``--servicebus-faults`` value: ``default`` (:meth:`default`), ``none``, or a spec such as
+        ``throttle=1000,lock-lost=0.01,link-drop=0.005,connection-drop=0.002,seed=7``. Raises ValueError."""
+        return cls.default() if text.strip().lower() == "default" else cls.parse(text)
+
+
+#: The help of the ``--servicebus-faults`` option (devtools.run, benchmarks.soak).
+SERVICEBUS_FAULTS_HELP = (
+    "Azure's Service Bus push-back, injected by the emulator: 'default' (throttle="
+    f"{DEFAULT_THROTTLE_CREDITS:g} credits/s, lock-lost=0.01, link-drop=0.005, connection-drop=0.002), 'none', or "
+    "throttle=CREDITS_PER_SECOND,lock-lost=P,link-drop=P,connection-drop=P[,seed=N] (docs/scale.md)."
+)
+
+
+def servicebus_faults_option(text: str | None) -> ServiceBusFaults | None:
+    """Parse a ``--servicebus-faults`` value for a command line (None when not given)."""
+    if text is None:
+        return None
+    try:
+        return ServiceBusFaults.from_option(text)
+    except ValueError as error:
+        import typer
+
+        raise typer.BadParameter(f"--servicebus-faults {text!r}: {error}") from None
+
+
 @dataclass
 class LocalStack:
     #: App settings for the hosts on top of the connections and names (tuning values).
@@ -76,6 +126,8 @@ class LocalStack:
     #: Queues for clients beside the app's (a submitter's ReplyTo queue, e.g. ``my-status``).
     client_queues: tuple[str, ...] = ()
     log_dir: Path = ROOT / "demo-output" / "logs"
+    #: Azure's Service Bus push-back injected by the emulator (None: none).
+    servicebus_faults: ServiceBusFaults | None = None
     #: Each host writes its spans and metric points as JSON lines beside its log
     #: (``spans-host-N.jsonl``, ``metrics-host-N.jsonl``; docs/observability.md).
     telemetry: bool = True
@@ -83,6 +135,7 @@ class LocalStack:
     def __post_init__(self) -> None:
         self.azurite = None
         self.emulator: subprocess.Popen | None = None
+        self._emulator_stats_lock = threading.Lock()
         self.servicebus_connection_string = ""
         self.remote = None
         self.hosts: list[subprocess.Popen] = []
@@ -148,19 +201,35 @@ class LocalStack:
 
     def _emulator_command(self) -> list[str]:
         queues = [arg for queue in self._emulator_queues() for arg in ("--queue", queue.to_arg())]
+        faults = ["--faults", self.servicebus_faults.to_arg(), "--stats-stdin"] if self._faulty else []
         return [sys.executable, "-m", "tools.servicebus_emulator", "--port", str(self.servicebus_port),
-                "--log-level", "WARNING", *queues]
+                "--log-level", "WARNING", *queues, *faults]
+
+    @property
+    def _faulty(self) -> bool:
+        return self.servicebus_faults is not None and self.servicebus_faults.enabled
 
     def _start_emulator(self) -> None:
         log = open(self.log_dir / "servicebus-emulator.log", "wb")  # noqa: SIM115 - the emulator writes to it until it stops
         self.emulator = subprocess.Popen(
-            self._emulator_command(), cwd=ROOT, stdout=subprocess.PIPE, stderr=log, stdin=self.emulator_stdin,
+            self._emulator_command(), cwd=ROOT, stdout=subprocess.PIPE, stderr=log,
+            stdin=subprocess.PIPE if self._faulty else self.emulator_stdin,  # faults: it answers "stats" there
             start_new_session=True, text=True,
         )
         line = self.emulator.stdout.readline().strip()
         if not line.startswith("Endpoint="):
             raise StackError(f"the Service Bus emulator did not start (see {log.name})")
         self.servicebus_connection_string = line
+
+    def servicebus_fault_counts(self) -> dict[str, int]:
+        """The faults the emulator injected so far, by kind (``throttled``, ``lock_lost``,
+        ``link_drop``, ``connection_drop``); empty when it injects none."""
+        if not self._faulty or self.emulator is None:
+            return {}
+        with self._emulator_stats_lock:
+            self.emulator.stdin.write("stats\n")
+            self.emulator.stdin.flush()
+            return json.loads(self.emulator.stdout.readline())["faults"]
 
     @property
     def env(self) -> dict[str, str]:

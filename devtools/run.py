@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from core.workflow import remotes
-from devtools.localstack import LocalStack
+from devtools.localstack import SERVICEBUS_FAULTS_HELP, LocalStack, servicebus_faults_option
 from devtools.paths import ROOT
 
 console = Console()
@@ -57,6 +57,7 @@ def main(
     standard_storage_ports: Annotated[bool, typer.Option(help="Azurite on 10000-10002 (UseDevelopmentStorage=true).")] = True,
     settings_out: Annotated[Path, typer.Option(help="Where to write a settings file for ordersctl.")] = ROOT / "demo-output" / "run.settings.json",
     log_dir: Annotated[Path, typer.Option(help="Where the processes' logs go.")] = ROOT / "demo-output" / "logs",
+    servicebus_faults: Annotated[str | None, typer.Option(help=SERVICEBUS_FAULTS_HELP)] = None,
 ) -> None:
     """Run the whole system locally in the foreground (Ctrl-C stops it)."""
     remote_urls = _pairs(remote, "NAME=URL, e.g. payments=http://127.0.0.1:9000/payments")
@@ -72,6 +73,7 @@ def main(
         remote_urls=remote_urls,
         client_queues=tuple(queue or ("my-status",)),
         log_dir=log_dir,
+        servicebus_faults=servicebus_faults_option(servicebus_faults),
     )
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
@@ -87,6 +89,8 @@ def main(
         console.print(f"  Operator page: {stack.api_url}/ops (orders per state, Error and Compensated orders, "
                       "resubmit, one order's timeline)", soft_wrap=True)
         console.print(f"  Client queues: {', '.join(stack.client_queues)} (for --reply-to)", soft_wrap=True)
+        if stack.servicebus_faults is not None:
+            console.print(f"  Service Bus faults: {stack.servicebus_faults.to_arg()}", soft_wrap=True)
         for name in remotes():
             console.print(f"  Remote      : {name:<10} {stack.remote_url(name)}", soft_wrap=True)
         console.print(f"  Host logs   : {', '.join(str(p) for p in stack.host_logs)}")

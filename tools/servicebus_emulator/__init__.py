@@ -22,12 +22,14 @@ it supports and its limits.
 
 from .broker import QueueSettings
 from .codec import SUPPORTED_SDK_VERSION, SdkVersionError, check_sdk_version
+from .faults import Faults
 from .server import EmulatorError, EmulatorServer, ServiceBusEmulator, connection_string, start
 
 __all__ = [
     "SUPPORTED_SDK_VERSION",
     "EmulatorError",
     "EmulatorServer",
+    "Faults",
     "QueueSettings",
     "SdkVersionError",
     "ServiceBusEmulator",
