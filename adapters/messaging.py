@@ -31,14 +31,6 @@ STATUS_SEND_TIMEOUT = 2.0
 BROKEN_QUEUE_PAUSE = 60.0
 #: The app's own queues plus the most recent reply queues.
 MAX_OPEN_SENDERS = 16
-#: The Service Bus SDK's retries of an operation Azure refused for now: throttled
-#: (``ServiceBusServerBusyError``: Standard's credits come back every second and Azure asks
-#: to "wait 2 seconds"), a link or connection dropped (``ServiceBusConnectionError``; the
-#: SDK opens a new one). It waits 1, 2 then 4 s (factor x 2^n, exponential) and then raises:
-#: the invocation fails, its trigger is retried, and a row the scheduler wrote before the send
-#: is recovered by the supervisor (docs/scale.md, "Service Bus throttling, lost locks, dropped
-#: links"). The SDK's default (0.8 s factor, 3 retries) waits 11 s in all.
-SERVICEBUS_RETRY = {"retry_total": 3, "retry_backoff_factor": 0.5, "retry_backoff_max": 4, "retry_mode": "exponential"}
 
 
 def agent_request_id(order_id: str, step: str, attempt: int) -> str:
