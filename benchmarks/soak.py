@@ -45,6 +45,7 @@ from typing import Annotated
 import typer
 from azure.data.tables import TableClient
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from azure.servicebus.exceptions import ServiceBusError
 from azure.storage.queue import QueueClient
 from rich.console import Console
 
@@ -189,6 +190,19 @@ def _replay_responses(connection_string: str, queue: str, stop: threading.Event,
                 stop.wait(0.5)
 
 
+def _send_until_accepted(sender, batch: list[ServiceBusMessage], attempts: int = 10) -> None:
+    """Send, again after what the SDK's own retries could not get through (a throttled namespace,
+    with --servicebus-faults); a send applied before its connection dropped is dropped as a duplicate
+    (the orders queue detects them by message id)."""
+    for attempt in range(attempts):
+        try:
+            sender.send_messages(batch)
+            return
+        except ServiceBusError:
+            if attempt == attempts - 1:
+                raise
+
+
 def queue_leftovers(stack: LocalStack) -> tuple[dict[str, int], dict[str, list[str]]]:
     """Messages on every queue (locked, scheduled and leased ones included), and the
     dead-lettered ones' reasons, per queue. The queues are looked at in parallel."""
@@ -255,7 +269,7 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
                         if rng.random() < duplicate_share:  # the same order again, same message id
                             batch.append(order_message(ids[i], i))
                             duplicates += 1
-                    sender.send_messages(batch)
+                    _send_until_accepted(sender, batch)
         killed_at = None
         deadline = started + time_limit
         states: dict[str, OrderState] = {}
