@@ -48,7 +48,7 @@ def test_orders_survive_throttling_lost_locks_and_dropped_links(stack, report_fi
         # Step deadlines well above what the SDK's retries of a throttled send can take (1 + 2 + 4 s).
         stack.start_hosts(2, STEP_TIMEOUT_SECONDS="12", PENDING_TIMEOUT_SECONDS="12")
         ids = [f"sbf-{i:03d}" for i in range(ORDERS)]
-        for start in range(0, ORDERS, 10):  # a credit a message: a batch over a second's credits never passes
+        for start in range(0, ORDERS, 10):  # a credit a message: in batches, as a client shares a namespace
             stack.send([(order_id, order_json(order_id)) for order_id in ids[start : start + 10]])
         states = stack.wait_closed(ids, timeout=55)
         faults = stack.emulator.fault_counts()

@@ -73,8 +73,10 @@ def test_the_local_stack_hands_its_faults_to_the_emulator_and_reads_their_counts
     stack._start_emulator()
     try:
         with ServiceBusClient.from_connection_string(stack.servicebus_connection_string, retry_total=0) as client:
-            with client.get_queue_sender(names.ORDERS_QUEUE) as sender, pytest.raises(ServiceBusServerBusyError):
-                sender.send_messages([ServiceBusMessage("a"), ServiceBusMessage("b")])  # 2 credits > 1 a second
+            with client.get_queue_sender(names.ORDERS_QUEUE) as sender:
+                sender.send_messages([ServiceBusMessage("a"), ServiceBusMessage("b")])  # 1 credit, 2 spent
+                with pytest.raises(ServiceBusServerBusyError):  # until the balance is back above zero
+                    sender.send_messages(ServiceBusMessage("c"))
         assert stack.servicebus_fault_counts() == {"throttled": 1, "lock_lost": 0, "link_drop": 0, "connection_drop": 0}
     finally:
         stack.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.exceptions import ServiceBusServerBusyError
 
 from adapters.clients import SERVICEBUS_RETRY
@@ -15,8 +16,16 @@ from tests.integration.test_dispatch_and_supervise import answer, nudges_waiting
 from tests.servicebus_helpers import receive
 from tools.servicebus_emulator import Faults
 
-#: Fewer credits than one message costs: every send is refused, whatever the retries.
-REFUSE_EVERY_SEND = Faults(throttle=0.5)
+#: A credit every million seconds: once one message has used it up, every send is refused.
+REFUSE_EVERY_SEND = Faults(throttle=1e-6)
+
+
+def use_up_the_credits(emulator, queue: str) -> None:
+    """Throttle the namespace and spend its credit: every later send is refused, whatever the retries."""
+    emulator.set_faults(REFUSE_EVERY_SEND)
+    with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
+        with client.get_queue_sender(queue) as sender:
+            sender.send_messages(ServiceBusMessage("the last credit"))
 
 
 def test_the_apps_clients_retry_transient_service_bus_failures_as_configured(app_settings):
@@ -27,12 +36,12 @@ def test_the_apps_clients_retry_transient_service_bus_failures_as_configured(app
 
 
 def test_a_request_send_refused_for_good_after_the_claim_leaves_a_row_the_supervisor_recovers(
-    app_settings, servicebus_emulator
+    app_settings, servicebus_emulator, unique_name
 ):
     s = services()
     nudge = submit("o-sb-1")
-    servicebus_emulator.set_faults(REFUSE_EVERY_SEND)
     try:
+        use_up_the_credits(servicebus_emulator, servicebus_emulator.declare_queue(unique_name("scratch-")))
         with pytest.raises(ServiceBusServerBusyError):  # after the SDK's retries (1 + 2 + 4 s)
             schedule(nudge)
     finally:

@@ -9,13 +9,19 @@ decides, operation by operation, and counts what it injected in the operation co
   of each second; each message sent, received or peeked costs one (a batch of 100 costs
   100); settlements, lock renewals and token puts cost nothing (the documentation charges
   data operations by the message and management operations on entities, which the emulator
-  does not have, 10 each). Past the credits, a send is refused (its transfer ``rejected``),
-  a receive link is detached and a ``$management`` request answered 503, each with
-  ``com.microsoft:server-busy`` and Azure's text; the SDKs raise ``ServiceBusServerBusyError``
-  and retry. Source: Microsoft Learn, "Throttling operations on Azure Service Bus",
-  https://learn.microsoft.com/azure/service-bus-messaging/service-bus-throttling (read
-  2026-11-24: "1000 credits every second (per namespace)", the credit costs, and the
-  server response quoted in :data:`THROTTLED`).
+  does not have, 10 each). Once the credits are used up, a send is refused (its transfer
+  ``rejected``), a receive link is detached and a ``$management`` request answered 503, each
+  with ``com.microsoft:server-busy`` and Azure's text, until the next second; the SDKs raise
+  ``ServiceBusServerBusyError`` and retry. A request that costs more than what is left still
+  passes and takes the balance below zero, and the next seconds' credits pay that back first
+  (so a batch or a peek larger than a second's credits is never refused for good, and the
+  rate over time stays the limit). Source: Microsoft Learn, "Throttling operations on Azure
+  Service Bus", https://learn.microsoft.com/azure/service-bus-messaging/service-bus-throttling
+  (read 2026-11-24: "1000 credits every second (per namespace)", "if the credits are
+  depleted, subsequent operations will be throttled until the start of the next time
+  period", the credit costs, and the server response quoted in :data:`THROTTLED`). How a
+  request costing more than the balance is charged is not documented: the balance going
+  below zero is how it is reported to behave (https://www.danielstocker.net/azure-service-bus-throttling/).
 * **Lock lost**: a peek-lock delivery loses its lock as soon as it is sent, as when Azure
   moves the entity: the message is available again at once (its delivery count + 1) while
   the first receiver still holds it, and that receiver's settlement or renewal is answered
@@ -146,14 +152,20 @@ class FaultInjector:
         self.operations[COUNTERS[kind]] += 1
 
     def charge(self, credits: int) -> bool:
-        """Spend ``credits`` of this second's; False (and counted) if fewer are left: throttled."""
+        """Spend ``credits``; False (and counted) when none are left this second: throttled.
+
+        Each new second adds the limit's credits, up to the limit, to what is left (below zero
+        when the last request cost more than was left)."""
         limit = self.faults.throttle
         if limit is None:
             return True
         second = int(self._clock())
-        if second != self._second:
+        if self._second is None:
             self._second, self._credits = second, limit
-        if credits > self._credits:
+        elif second > self._second:
+            self._credits = min(limit, self._credits + limit * (second - self._second))
+            self._second = second
+        if self._credits <= 0:
             self._count("throttled")
             return False
         self._credits -= credits

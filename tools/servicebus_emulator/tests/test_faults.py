@@ -61,13 +61,13 @@ def test_a_throttled_send_is_refused_with_azures_error_and_nothing_is_enqueued(e
     with ServiceBusClient.from_connection_string(emu.connection_string, **NO_RETRY) as client:
         with client.get_queue_sender("q", keep_alive=None) as sender:
             sender.send_messages(ServiceBusMessage("before"))  # the link is open before the faults
-            emu.set_faults(Faults(throttle=5))
+            emu.set_faults(Faults(throttle=0.001))  # a credit every 1,000 s
+            # Credits were left: it passes, though it costs more, and the balance goes below zero.
+            sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(6)])
             with pytest.raises(ServiceBusServerBusyError) as refused:
-                sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(6)])  # 6 credits > 5 a second
+                sender.send_messages(ServiceBusMessage("refused"))
             assert THROTTLED in str(refused.value) and "com.microsoft:server-busy" in str(refused.value)
-            assert emu.message_counts("q")["active"] == 1, "a refused send enqueues nothing"
-            sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(5)])  # 5 credits: this second's or the next's
-    assert emu.message_counts("q")["active"] == 6
+    assert emu.message_counts("q")["active"] == 7, "a refused send enqueues nothing"
     assert emu.fault_counts() == {"throttled": 1, "lock_lost": 0, "link_drop": 0, "connection_drop": 0}
     assert emu.operation_counts()["fault.throttled"] == 1
 
@@ -114,10 +114,10 @@ def test_a_throttled_peek_is_answered_server_busy(emu):
             sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(3)])
         with client.get_queue_receiver("q") as receiver:
             receiver.peek_messages(1)  # the $management link is open
-            emu.set_faults(Faults(throttle=2))
+            emu.set_faults(Faults(throttle=0.001))
+            assert len(receiver.peek_messages(3, sequence_number=1)) == 3  # 3 credits: the balance below zero
             with pytest.raises(ServiceBusServerBusyError):
-                receiver.peek_messages(3, sequence_number=1)  # 3 messages: 3 credits
-            assert len(receiver.peek_messages(2, sequence_number=1)) == 2
+                receiver.peek_messages(1, sequence_number=1)
 
 
 def test_a_lost_lock_fails_settlement_and_renewal_and_the_message_comes_back(emu):
@@ -183,9 +183,10 @@ def test_the_async_client_meets_each_fault_the_same_way(emu):
         async with AsyncServiceBusClient.from_connection_string(emu.connection_string, **NO_RETRY) as client:
             async with client.get_queue_sender("other") as sender, client.get_queue_receiver("other") as receiver:
                 await sender.send_messages(ServiceBusMessage("a"))
-                emu.set_faults(Faults(throttle=1))
+                emu.set_faults(Faults(throttle=0.001))
+                await sender.send_messages(ServiceBusMessage("x"))  # the last credit
                 with pytest.raises(ServiceBusServerBusyError):
-                    await sender.send_messages([ServiceBusMessage("x"), ServiceBusMessage("y")])
+                    await sender.send_messages(ServiceBusMessage("y"))
                 emu.set_faults(Faults(link_drop=1.0))
                 with pytest.raises(ServiceBusConnectionError):
                     await sender.send_messages(ServiceBusMessage("lost"))
@@ -197,9 +198,9 @@ def test_the_async_client_meets_each_fault_the_same_way(emu):
                 await sender.send_messages(ServiceBusMessage("b"))  # a new link
                 received = []
                 deadline = time.monotonic() + 10
-                while len(received) < 2 and time.monotonic() < deadline:
-                    received += await receiver.receive_messages(max_message_count=2, max_wait_time=2)
-                assert sorted((str(m), m.delivery_count) for m in received) == [("a", 1), ("b", 0)]
+                while len(received) < 3 and time.monotonic() < deadline:
+                    received += await receiver.receive_messages(max_message_count=3, max_wait_time=2)
+                assert sorted((str(m), m.delivery_count) for m in received) == [("a", 1), ("b", 0), ("x", 0)]
                 for message in received:
                     await receiver.complete_message(message)
 
@@ -260,8 +261,9 @@ def test_the_command_takes_faults_and_reports_them_with_its_stats():
         connection_string = process.stdout.readline().strip()
         with ServiceBusClient.from_connection_string(connection_string, **NO_RETRY) as client:
             with client.get_queue_sender("q", keep_alive=None) as sender:
-                with pytest.raises(ServiceBusServerBusyError):
-                    sender.send_messages([ServiceBusMessage("a"), ServiceBusMessage("b")])
+                sender.send_messages([ServiceBusMessage("a"), ServiceBusMessage("b")])  # 1 credit, 2 spent
+                with pytest.raises(ServiceBusServerBusyError):  # until the balance is back above zero
+                    sender.send_messages(ServiceBusMessage("c"))
         process.stdin.write("stats\n")
         process.stdin.flush()
         stats = json.loads(process.stdout.readline())
