@@ -60,10 +60,12 @@ def app_queues() -> list[QueueSettings]:
 
 #: The default throttle: Azure Standard's 1,000 credits per second per namespace scaled to
 #: what this machine's local stack carries. Azure's limit stops the three-step order near
-#: 70 orders/s (14 credits: 7 messages sent, 7 received); the local stack runs about a
-#: tenth of that (the soak: ~6-10 orders/s on 2 cores), so a tenth of the credits bites
-#: as often as the real limit does at the real load.
-DEFAULT_THROTTLE_CREDITS = 100.0
+#: 71 orders/s (14 credits: 7 messages sent, 7 received); the soak runs ~6.4 orders/s on 2
+#: cores and spends ~100-120 credits/s with its duplicates, replays and peeks. 250 is about
+#: twice that: its bursts are throttled, as a Standard namespace run at a third of its limit
+#: is in its bursts. At 100 (below the soak's demand) the soak measured a collapse: see
+#: docs/scale.md, "Throughput with throttling against without".
+DEFAULT_THROTTLE_CREDITS = 250.0
 
 
 @dataclass(frozen=True)
