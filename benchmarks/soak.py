@@ -47,6 +47,7 @@ from typing import Annotated
 import typer
 from azure.data.tables import TableClient
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
+from azure.servicebus.exceptions import ServiceBusError
 from azure.storage.queue import QueueClient
 from rich.console import Console
 
@@ -57,7 +58,7 @@ from core import names
 from core.models import OrderState, ProcessState
 from core.workflow import CURRENT, Kind, remotes
 from devtools.demo import ERROR_SCRIPTS, error_scripts, read_alerts
-from devtools.localstack import LocalStack
+from devtools.localstack import SERVICEBUS_FAULTS_HELP, LocalStack, ServiceBusFaults, servicebus_faults_option
 from devtools.orders import order_message
 from devtools.paths import ROOT
 from devtools.run import STORAGE_FAULTS_HELP, storage_faults_option
@@ -67,6 +68,13 @@ from tools.storage_faults import KINDS as STORAGE_FAULT_KINDS
 from tools.storage_faults import StorageFaults
 
 console = Console()
+
+#: With Service Bus push-back on, a step's deadline must outlast the Service Bus SDK's own
+#: retries of a throttled or dropped send (1 + 2 + 4 s, adapters/clients.py) and a lost
+#: lock's redelivery, or the push-back turns into missed deadlines and undos: as the
+#: production default (30 s) does. Measured: 3 s ended 59 of 300 orders in Error, 12 s 3
+#: (the scripted ones), as without faults (docs/scale.md).
+SERVICEBUS_PUSHBACK_SETTINGS = {"STEP_TIMEOUT_SECONDS": "12", "PENDING_TIMEOUT_SECONDS": "12"}
 
 SOAK_SETTINGS = {
     "STEP_TIMEOUT_SECONDS": "3",
@@ -144,6 +152,13 @@ class Verdict:
     #: Writes answered as failed (412/409 on the SDK's retry, or no answer) that the hosts
     #: found applied by their write id, by kind (``write``, ``create``), from the host logs.
     recognised: dict[str, int] = field(default_factory=dict)
+    #: Service Bus faults the emulator injected, by kind (--servicebus-faults; empty without).
+    servicebus_faults: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def pushback(self) -> bool:
+        """Ran with any of Azure's push-back injected (storage or Service Bus)."""
+        return bool(self.storage_faults or self.servicebus_faults)
 
     @property
     def compensated(self) -> int:
@@ -205,6 +220,19 @@ def _replay_responses(connection_string: str, queue: str, stop: threading.Event,
                 stop.wait(0.5)
 
 
+def _send_until_accepted(sender, batch: list[ServiceBusMessage], attempts: int = 10) -> None:
+    """Send, again after what the SDK's own retries could not get through (a throttled namespace,
+    with --servicebus-faults); a send applied before its connection dropped is dropped as a duplicate
+    (the orders queue detects them by message id)."""
+    for attempt in range(attempts):
+        try:
+            sender.send_messages(batch)
+            return
+        except ServiceBusError:
+            if attempt == attempts - 1:
+                raise
+
+
 def queue_leftovers(stack: LocalStack) -> tuple[dict[str, int], dict[str, list[str]]]:
     """Messages on every queue (locked, scheduled and leased ones included), and the
     dead-lettered ones' reasons, per queue. The queues are looked at in parallel."""
@@ -235,13 +263,17 @@ def _busy(leftover: dict[str, int]) -> bool:
 
 def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, duplicate_share: float = 0.1,
              replay_share: float = 0.1, kill_host: bool = True, out: Path = ROOT / "demo-output" / "soak",
-             storage_faults: StorageFaults | None = None, operator: bool = True) -> Verdict:
+             storage_faults: StorageFaults | None = None, servicebus_faults: ServiceBusFaults | None = None,
+             operator: bool = True) -> Verdict:
     """``storage_faults``: Azure Storage's push-back between the hosts (and the operator's
-    ``ordersctl``) and Azurite; the soak's own audit reads Azurite directly."""
+    ``ordersctl``) and Azurite; the soak's own audit reads Azurite directly.
+    ``servicebus_faults``: the emulator's throttling, lost locks and dropped links; the
+    steps' deadlines then outlast the Service Bus SDK's retries (SERVICEBUS_PUSHBACK_SETTINGS)."""
     rng = random.Random(seed)
     scripted = scripted_errors(orders)
-    stack = SoakStack(settings=SOAK_SETTINGS, remote_seed=seed, remote_slow_seconds=8.0, log_dir=out / "logs",
-                      storage_faults=storage_faults, storage_faults_seed=seed)
+    settings = {**SOAK_SETTINGS, **(SERVICEBUS_PUSHBACK_SETTINGS if servicebus_faults else {})}
+    stack = SoakStack(settings=settings, remote_seed=seed, remote_slow_seconds=8.0, log_dir=out / "logs",
+                      storage_faults=storage_faults, storage_faults_seed=seed, servicebus_faults=servicebus_faults)
     counter: Counter = Counter()
     started = time.monotonic()
     phases: dict[str, float] = {}
@@ -273,7 +305,7 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
                         if rng.random() < duplicate_share:  # the same order again, same message id
                             batch.append(order_message(ids[i], i))
                             duplicates += 1
-                    sender.send_messages(batch)
+                    _send_until_accepted(sender, batch)
         killed_at = None
         deadline = started + time_limit
         states: dict[str, OrderState] = {}
@@ -314,6 +346,7 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
                          leftover, dead)
         verdict.breaker_opened, verdict.postponed = breaker_figures(stack.host_logs)
         verdict.recognised = recognised_writes(stack.host_logs)
+        verdict.servicebus_faults = stack.servicebus_fault_counts()
         if operator and not verdict.not_terminal:
             errors = [o for o, s in states.items() if s.process_state is ProcessState.ERROR]
             operator_phase(stack, store, verdict, errors)
@@ -472,6 +505,8 @@ def print_verdict(v: Verdict) -> None:
                   f"circuit breakers opened {v.breaker_opened or 0}, {v.postponed} lines postponed")
     console.print(f"queues left: {v.leftover}; dead-letters: { {q: dict(Counter(r)) for q, r in v.dead_letters.items()} }")
     console.print(f"phases (s since the start): {v.phases}")
+    if v.servicebus_faults:
+        console.print(f"Service Bus faults injected: {v.servicebus_faults}")
     console.print(f"elapsed {v.elapsed_s} s — " + ("[green]all checks passed[/green]" if v.ok else
                                                      "[red]FAILED: " + "; ".join(v.problems) + "[/red]"))
 
@@ -524,7 +559,8 @@ def verdict_json(v: Verdict) -> dict:
         "late_calls": sum(_counts(v.audit, "late")),
         "alerts": sum(v.alerts_by_order.values()),
         "error_orders": v.errors,
-        "faults": v.fault_counts.get("faults", {}),
+        # Injected faults by kind: the storage proxy's, then the Service Bus emulator's.
+        "faults": {**v.fault_counts.get("faults", {}), **{f"servicebus-{k}": n for k, n in v.servicebus_faults.items()}},
         "ok": v.ok,
         "problems": v.problems,
         "orders_per_second": v.orders_per_second,
@@ -594,7 +630,9 @@ def verdict_markdown(v: Verdict, *, seed: int, machine: dict[str, str], baseline
         ("elapsed", f"{v.elapsed_s} s", ""),
         ("throughput (orders sent to all final)", f"{v.orders_per_second} orders/s", ""),
     ]
-    if v.storage_faults:
+    if v.servicebus_faults:
+        rows += [(f"Service Bus faults injected: {kind}", n, "") for kind, n in sorted(v.servicebus_faults.items())]
+    if v.pushback:
         injected = v.fault_counts.get("faults", {})
         rows += [
             ("storage requests through the fault proxy (tables / queues)",
@@ -611,16 +649,18 @@ def verdict_markdown(v: Verdict, *, seed: int, machine: dict[str, str], baseline
         for service, rates in SOAK_FAULTS.items()
     )
     kinds = "; ".join(f"({n}) {what}" for n, (what, _) in enumerate(ERROR_SCRIPTS[: len(v.scripted)], 1))
-    settings = ", ".join(f"`{k}={v_}`" for k, v_ in SOAK_SETTINGS.items())
+    soak_settings = {**SOAK_SETTINGS, **(SERVICEBUS_PUSHBACK_SETTINGS if v.servicebus_faults else {})}
+    settings = ", ".join(f"`{k}={v_}`" for k, v_ in soak_settings.items())
     pushback = (
         f" Azure Storage's push-back between the app and Azurite (tools/storage_faults), per request: "
         f"`{v.storage_faults}`; the soak's own audit reads Azurite directly." if v.storage_faults else ""
-    )
+    ) + (" Service Bus push-back from the emulator (throttling, lost locks, dropped links and connections)."
+         if v.servicebus_faults else "")
     lines = [
-        PUSHBACK_TITLE if v.storage_faults else SOAK_TITLE,
+        PUSHBACK_TITLE if v.pushback else SOAK_TITLE,
         "",
         f"`make soak` (`python -m benchmarks.soak --orders {v.orders} --seed {seed}"
-        f"{' --azure-faults' if v.storage_faults else ''}`), {machine['date']}, "
+        f"{' --azure-faults' if v.pushback else ''}`), {machine['date']}, "
         f"{machine['cores']} cores ({machine['cpu']}), Python {machine['python']}: the three-step workflow "
         f"(reserve@inventory, charge@payments, ship@shipping) on two local hosts (two supervisors), "
         f"host 1 {killed}; remote faults per call: {faults} (transient, throttle and drop are retried; slow answers "
@@ -646,9 +686,10 @@ def main(
         ROOT / "BENCHMARKS.md"
     ),
     storage_faults: Annotated[str | None, typer.Option(help=STORAGE_FAULTS_HELP)] = None,
+    servicebus_faults: Annotated[str | None, typer.Option(help=SERVICEBUS_FAULTS_HELP)] = None,
     azure_faults: Annotated[bool, typer.Option(
         help="Azure's push-back at its default rates: storage faults (503=0.02,500-applied=0.01,"
-             "reset-applied=0.01,latency=0.05:0.5) and Service Bus faults.")] = False,
+             "reset-applied=0.01,latency=0.05:0.5) and Service Bus faults (ServiceBusFaults.default()).")] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON to this file.")] = None,
 ) -> None:
     """Run the chaos soak and audit the outcome (exit 1 if any check fails).
@@ -657,11 +698,11 @@ def main(
     the report's push-back section, beside the plain soak's."""
     machine = describe()
     faults = storage_faults_option(storage_faults)
+    bus_faults = servicebus_faults_option(servicebus_faults)
     if azure_faults:
         faults = faults or StorageFaults.default()
-        # MERGE POINT (Service Bus push-back): servicebus_faults = ServiceBusFaults.default() from
-        # devtools.localstack, passed to run_soak beside storage_faults; one line, added at merge.
-    verdict = run_soak(orders, seed=seed, time_limit=time_limit, storage_faults=faults)
+        bus_faults = bus_faults or ServiceBusFaults.default()
+    verdict = run_soak(orders, seed=seed, time_limit=time_limit, storage_faults=faults, servicebus_faults=bus_faults)
     print_verdict(verdict)
     if verdict.fault_counts:
         console.print(f"Azure's push-back: {verdict.storage_faults}; injected {verdict.fault_counts.get('faults')}, "
@@ -671,9 +712,9 @@ def main(
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(verdict_json(verdict), indent=2) + "\n")
         console.print(f"figures written to {json_out}")
-    baseline = baseline_throughput(report) if verdict.storage_faults else None
+    baseline = baseline_throughput(report) if verdict.pushback else None
     write_soak_report(report, verdict_markdown(verdict, seed=seed, machine=machine, baseline=baseline))
-    console.print(f"figures written to the {'push-back ' if verdict.storage_faults else ''}chaos soak section "
+    console.print(f"figures written to the {'push-back ' if verdict.pushback else ''}chaos soak section "
                   f"of {report.name}")
     raise typer.Exit(0 if verdict.ok else 1)
 

@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -25,7 +26,7 @@ from core.workflow import remotes
 from devtools import azurite as azurite_launcher
 from devtools import fake_remote
 from devtools.paths import ROOT
-from tools.servicebus_emulator import QueueSettings
+from tools.servicebus_emulator import Faults, QueueSettings
 from tools.storage_faults import CONTROL_PATH, StorageFaults
 
 STACK_MARK = "LOCAL_STACK_ID"
@@ -59,6 +60,56 @@ def app_queues() -> list[QueueSettings]:
     return [servicebus_queue(spec) for spec in names.SERVICEBUS_QUEUES]
 
 
+#: The default throttle: Azure Standard's 1,000 credits per second per namespace scaled to
+#: what this machine's local stack carries. Azure's limit stops the three-step order near
+#: 71 orders/s (14 credits: 7 messages sent, 7 received); the soak runs ~6.4 orders/s on 2
+#: cores and spends ~100-120 credits/s with its duplicates, replays and peeks. 250 is about
+#: twice that: its bursts are throttled, as a Standard namespace run at a third of its limit
+#: is in its bursts. At 100 (below the soak's demand) the soak measured a collapse: see
+#: docs/scale.md, "Throughput with throttling against without".
+DEFAULT_THROTTLE_CREDITS = 250.0
+
+
+@dataclass(frozen=True)
+class ServiceBusFaults(Faults):
+    """Azure's Service Bus push-back for the local stack's emulator (``--servicebus-faults SPEC``):
+    credits per second per namespace (``throttle``), and the probabilities of a lost lock (per
+    delivery) and of a dropped link or connection (per frame on a queue's link); see
+    tools/servicebus_emulator/faults.py and docs/scale.md."""
+
+    @classmethod
+    def default(cls) -> ServiceBusFaults:
+        """Moderate rates: a throttle that bites at the soak's load, 1% locks lost, 0.5% links and
+        0.2% connections dropped."""
+        return cls(throttle=DEFAULT_THROTTLE_CREDITS, lock_lost=0.01, link_drop=0.005, connection_drop=0.002)
+
+    @classmethod
+    def from_option(cls, text: str) -> ServiceBusFaults:
+        """A ``--servicebus-faults`` value: ``default`` (:meth:`default`), ``none``, or a spec such as
+        ``throttle=1000,lock-lost=0.01,link-drop=0.005,connection-drop=0.002,seed=7``. Raises ValueError."""
+        return cls.default() if text.strip().lower() == "default" else cls.parse(text)
+
+
+#: The help of the ``--servicebus-faults`` option (devtools.run, benchmarks.soak).
+SERVICEBUS_FAULTS_HELP = (
+    "Azure's Service Bus push-back, injected by the emulator: 'default' (throttle="
+    f"{DEFAULT_THROTTLE_CREDITS:g} credits/s, lock-lost=0.01, link-drop=0.005, connection-drop=0.002), 'none', or "
+    "throttle=CREDITS_PER_SECOND,lock-lost=P,link-drop=P,connection-drop=P[,seed=N] (docs/scale.md)."
+)
+
+
+def servicebus_faults_option(text: str | None) -> ServiceBusFaults | None:
+    """Parse a ``--servicebus-faults`` value for a command line (None when not given)."""
+    if text is None:
+        return None
+    try:
+        return ServiceBusFaults.from_option(text)
+    except ValueError as error:
+        import typer
+
+        raise typer.BadParameter(f"--servicebus-faults {text!r}: {error}") from None
+
+
 @dataclass
 class LocalStack:
     #: App settings for the hosts on top of the connections and names (tuning values).
@@ -83,6 +134,8 @@ class LocalStack:
     #: tables and queues through the fault proxy at these rates (``--storage-faults``).
     storage_faults: StorageFaults | None = None
     storage_faults_seed: int = 1
+    #: Azure's Service Bus push-back injected by the emulator (None: none).
+    servicebus_faults: ServiceBusFaults | None = None
     #: Each host writes its spans and metric points as JSON lines beside its log
     #: (``spans-host-N.jsonl``, ``metrics-host-N.jsonl``; docs/observability.md).
     telemetry: bool = True
@@ -93,6 +146,7 @@ class LocalStack:
         #: The storage connection string the app uses: Azurite's, or through the fault proxy.
         self.storage_connection_string = ""
         self.emulator: subprocess.Popen | None = None
+        self._emulator_stats_lock = threading.Lock()
         self.servicebus_connection_string = ""
         self.remote = None
         self.hosts: list[subprocess.Popen] = []
@@ -195,19 +249,35 @@ class LocalStack:
 
     def _emulator_command(self) -> list[str]:
         queues = [arg for queue in self._emulator_queues() for arg in ("--queue", queue.to_arg())]
+        faults = ["--faults", self.servicebus_faults.to_arg(), "--stats-stdin"] if self._faulty else []
         return [sys.executable, "-m", "tools.servicebus_emulator", "--port", str(self.servicebus_port),
-                "--log-level", "WARNING", *queues]
+                "--log-level", "WARNING", *queues, *faults]
+
+    @property
+    def _faulty(self) -> bool:
+        return self.servicebus_faults is not None and self.servicebus_faults.enabled
 
     def _start_emulator(self) -> None:
         log = open(self.log_dir / "servicebus-emulator.log", "wb")  # noqa: SIM115 - the emulator writes to it until it stops
         self.emulator = subprocess.Popen(
-            self._emulator_command(), cwd=ROOT, stdout=subprocess.PIPE, stderr=log, stdin=self.emulator_stdin,
+            self._emulator_command(), cwd=ROOT, stdout=subprocess.PIPE, stderr=log,
+            stdin=subprocess.PIPE if self._faulty else self.emulator_stdin,  # faults: it answers "stats" there
             start_new_session=True, text=True,
         )
         line = self.emulator.stdout.readline().strip()
         if not line.startswith("Endpoint="):
             raise StackError(f"the Service Bus emulator did not start (see {log.name})")
         self.servicebus_connection_string = line
+
+    def servicebus_fault_counts(self) -> dict[str, int]:
+        """The faults the emulator injected so far, by kind (``throttled``, ``lock_lost``,
+        ``link_drop``, ``connection_drop``); empty when it injects none."""
+        if not self._faulty or self.emulator is None:
+            return {}
+        with self._emulator_stats_lock:
+            self.emulator.stdin.write("stats\n")
+            self.emulator.stdin.flush()
+            return json.loads(self.emulator.stdout.readline())["faults"]
 
     @property
     def env(self) -> dict[str, str]:

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from core.workflow import remotes
-from devtools.localstack import LocalStack
+from devtools.localstack import SERVICEBUS_FAULTS_HELP, LocalStack, servicebus_faults_option
 from devtools.paths import ROOT
 from tools.storage_faults import KINDS as STORAGE_FAULT_KINDS
 from tools.storage_faults import StorageFaults
@@ -77,6 +77,7 @@ def main(
     settings_out: Annotated[Path, typer.Option(help="Where to write a settings file for ordersctl.")] = ROOT / "demo-output" / "run.settings.json",
     log_dir: Annotated[Path, typer.Option(help="Where the processes' logs go.")] = ROOT / "demo-output" / "logs",
     storage_faults: Annotated[str | None, typer.Option(help=STORAGE_FAULTS_HELP)] = None,
+    servicebus_faults: Annotated[str | None, typer.Option(help=SERVICEBUS_FAULTS_HELP)] = None,
 ) -> None:
     """Run the whole system locally in the foreground (Ctrl-C stops it)."""
     remote_urls = _pairs(remote, "NAME=URL, e.g. payments=http://127.0.0.1:9000/payments")
@@ -93,6 +94,7 @@ def main(
         client_queues=tuple(queue or ("my-status",)),
         log_dir=log_dir,
         storage_faults=storage_faults_option(storage_faults),
+        servicebus_faults=servicebus_faults_option(servicebus_faults),
     )
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
@@ -111,6 +113,8 @@ def main(
         console.print(f"  Operator page: {stack.api_url}/ops (orders per state, Error and Compensated orders, "
                       "resubmit, one order's timeline)", soft_wrap=True)
         console.print(f"  Client queues: {', '.join(stack.client_queues)} (for --reply-to)", soft_wrap=True)
+        if stack.servicebus_faults is not None:
+            console.print(f"  Service Bus faults: {stack.servicebus_faults.to_arg()}", soft_wrap=True)
         for name in remotes():
             console.print(f"  Remote      : {name:<10} {stack.remote_url(name)}", soft_wrap=True)
         console.print(f"  Host logs   : {', '.join(str(p) for p in stack.host_logs)}")

@@ -4,8 +4,19 @@ from ``core.names.SERVICEBUS_QUEUES``, with every property, and the SDK pin agre
 
 from __future__ import annotations
 
+import pytest
+import typer
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.exceptions import ServiceBusServerBusyError
+
 from core import names
-from devtools.localstack import LocalStack, app_queues
+from devtools.localstack import (
+    DEFAULT_THROTTLE_CREDITS,
+    LocalStack,
+    ServiceBusFaults,
+    app_queues,
+    servicebus_faults_option,
+)
 from tests import ROOT
 from tools import servicebus_emulator as emulator
 
@@ -41,3 +52,31 @@ def test_the_local_stack_command_declares_exactly_the_app_queues():
 def test_the_session_emulator_has_the_app_queues(servicebus_emulator):
     for spec in names.SERVICEBUS_QUEUES:
         assert servicebus_emulator.message_counts(spec.name) is not None
+
+
+def test_service_bus_faults_of_the_local_stack_parse_from_the_command_line():
+    default = ServiceBusFaults.default()
+    assert default.throttle == DEFAULT_THROTTLE_CREDITS and default.lock_lost == 0.01 and default.enabled
+    assert ServiceBusFaults.from_option("default") == default
+    assert ServiceBusFaults.from_option("none") == ServiceBusFaults() and not ServiceBusFaults().enabled
+    assert ServiceBusFaults.from_option("throttle=1000,link-drop=0.005") == ServiceBusFaults(throttle=1000, link_drop=0.005)
+    assert servicebus_faults_option(None) is None
+    with pytest.raises(typer.BadParameter, match="--servicebus-faults 'lock-lost=2'"):
+        servicebus_faults_option("lock-lost=2")
+
+
+def test_the_local_stack_hands_its_faults_to_the_emulator_and_reads_their_counts(tmp_path):
+    assert "--faults" not in LocalStack()._emulator_command()
+    stack = LocalStack(servicebus_faults=ServiceBusFaults(throttle=1), log_dir=tmp_path)
+    command = stack._emulator_command()
+    assert command[command.index("--faults") + 1] == "throttle=1" and "--stats-stdin" in command
+    stack._start_emulator()
+    try:
+        with ServiceBusClient.from_connection_string(stack.servicebus_connection_string, retry_total=0) as client:
+            with client.get_queue_sender(names.ORDERS_QUEUE) as sender:
+                sender.send_messages([ServiceBusMessage("a"), ServiceBusMessage("b")])  # 1 credit, 2 spent
+                with pytest.raises(ServiceBusServerBusyError):  # until the balance is back above zero
+                    sender.send_messages(ServiceBusMessage("c"))
+        assert stack.servicebus_fault_counts() == {"throttled": 1, "lock_lost": 0, "link_drop": 0, "connection_drop": 0}
+    finally:
+        stack.stop()

@@ -34,7 +34,12 @@ from dataclasses import dataclass
 
 from azure.functions.servicebus import ServiceBusMessage as FunctionMessage
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusReceiver
-from azure.servicebus.exceptions import ServiceBusCommunicationError, ServiceBusConnectionError, ServiceBusError
+from azure.servicebus.exceptions import (
+    ServiceBusCommunicationError,
+    ServiceBusConnectionError,
+    ServiceBusError,
+    ServiceBusServerBusyError,
+)
 
 from .app import FunctionSpec
 from .config import ServiceBusOptions
@@ -48,6 +53,10 @@ log = logging.getLogger("funchost")
 
 #: How long one receive call waits for a first message; results are settled between calls.
 RECEIVE_WAIT_SECONDS = 0.5
+#: A receiver refused because the namespace is throttled is opened again after this long, without
+#: growing the backoff: Azure asks to "wait 2 seconds" and a Standard namespace's credits come back
+#: every second (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-throttling).
+THROTTLED_WAIT_SECONDS = 2.0
 
 
 # --- ServiceBusReceivedMessage -> azure.functions.ServiceBusMessage ------------------
@@ -217,15 +226,18 @@ class ServiceBusTriggerListener(Listener):
                     break
                 if self._receiving:
                     backoff = 1.0  # it worked for a while: start the backoff over
+                throttled = isinstance(error, ServiceBusServerBusyError)
+                wait = THROTTLED_WAIT_SECONDS if throttled else backoff
                 log.warning(
                     "%s: receiving from Service Bus queue %s failed (%s); retrying in %.0f s",
                     self.name,
                     self.queue_name,
                     f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
-                    backoff,
+                    wait,
                 )
-                self._stopping.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                self._stopping.wait(wait)
+                if not throttled:
+                    backoff = min(backoff * 2, 30.0)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _pump(self, receiver: ServiceBusReceiver, tap: DeliveryTap, untraced: _UntracedReceive) -> None:

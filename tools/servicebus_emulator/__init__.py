@@ -13,6 +13,8 @@ In a test or script::
     ... ServiceBusClient.from_connection_string(emu.connection_string) ...
     emu.message_counts("q1")                   # {"active", "dead_letter", "scheduled", "locked"}
     emu.operation_counts()                     # {"enqueue q1": 1, "deliver q1": 1, "frame.flow": 3, ...}
+    emu.set_faults(servicebus_emulator.Faults(throttle=1000, lock_lost=0.01))  # Azure's push-back
+    emu.fault_counts()                         # {"throttled": 0, "lock_lost": 0, ...}
     emu.stop()
 
 As a command: ``python -m tools.servicebus_emulator --port 5672 --queue orders:max_delivery_count=5``.
@@ -22,12 +24,14 @@ it supports and its limits.
 
 from .broker import QueueSettings
 from .codec import SUPPORTED_SDK_VERSION, SdkVersionError, check_sdk_version
+from .faults import Faults
 from .server import EmulatorError, EmulatorServer, ServiceBusEmulator, connection_string, start
 
 __all__ = [
     "SUPPORTED_SDK_VERSION",
     "EmulatorError",
     "EmulatorServer",
+    "Faults",
     "QueueSettings",
     "SdkVersionError",
     "ServiceBusEmulator",

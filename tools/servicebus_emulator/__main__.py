@@ -1,4 +1,4 @@
-"""``python -m tools.servicebus_emulator [--port 5672] [--queue NAME[:key=value,...] ...] [--stats-stdin]``
+"""``python -m tools.servicebus_emulator [--port 5672] [--queue NAME[:key=value,...] ...] [--faults SPEC] [--stats-stdin]``
 
 Declares the queues it is given (none by default). Prints the connection string on
 stdout once listening, logs to stderr, and stops cleanly on Ctrl-C or SIGTERM. With
@@ -16,10 +16,15 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from .broker import QueueSettings
 from .codec import SdkVersionError
+from .faults import Faults
 from .server import EmulatorError, EmulatorServer
+
+T = TypeVar("T")
 
 QUEUE_HELP = (
     "declare this queue (repeatable): NAME, or NAME:key=value,... with keys lock_duration, max_delivery_count, "
@@ -28,11 +33,23 @@ QUEUE_HELP = (
 )
 
 
-def _queue(text: str) -> QueueSettings:
-    try:
-        return QueueSettings.parse(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+FAULTS_HELP = (
+    "inject Azure's push-back: throttle=CREDITS_PER_SECOND (Standard tier: 1000; each message sent, received or "
+    "peeked costs one), lock-lost=P, link-drop=P, connection-drop=P (probabilities per delivery / per frame on a "
+    "queue's link), seed=N; e.g. throttle=1000,lock-lost=0.01,link-drop=0.005 (default: none)"
+)
+
+
+def _argument(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse ``type`` from a parser that raises ValueError: the error becomes argparse's (exit 2)."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return convert
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,8 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=5672, help="port to listen on; 0 picks a free one (default: 5672)")
     parser.add_argument(
-        "--queue", action="append", type=_queue, default=[], metavar="NAME[:key=value,...]", help=QUEUE_HELP
+        "--queue", action="append", type=_argument(QueueSettings.parse), default=[], metavar="NAME[:key=value,...]", help=QUEUE_HELP
     )
+    parser.add_argument("--faults", type=_argument(Faults.parse), default=Faults(), metavar="SPEC", help=FAULTS_HELP)
     parser.add_argument(
         "--stats-stdin",
         action="store_true",
@@ -57,7 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def stats(server: EmulatorServer) -> str:
     """The answer to a ``stats`` command: operation counts and the process's CPU seconds so far."""
-    return json.dumps({"operations": server.operation_counts(), "cpu_seconds": time.process_time()})
+    return json.dumps(
+        {"operations": server.operation_counts(), "faults": server.fault_counts(), "cpu_seconds": time.process_time()}
+    )
 
 
 def _serve_stats(server: EmulatorServer, loop: asyncio.AbstractEventLoop, stopping: asyncio.Event) -> None:
@@ -76,7 +96,7 @@ def _serve_stats(server: EmulatorServer, loop: asyncio.AbstractEventLoop, stoppi
 
 
 async def serve(args: argparse.Namespace) -> None:
-    server = EmulatorServer(args.host, args.port, args.queue)
+    server = EmulatorServer(args.host, args.port, args.queue, args.faults)
     await server.start()
     print(server.connection_string, flush=True)
     stopping = asyncio.Event()

@@ -26,6 +26,7 @@ import uuid
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
+from .faults import FaultInjector, Faults
 from .message import MessageContent, PropertyUpdates, with_message_id, with_properties
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,9 @@ class Consumer(Protocol):
     def deliver(self, message: StoredMessage, lock_token: bytes | None) -> None:
         """Send the message; ``lock_token`` is None when it was removed from the queue (receive-and-delete)."""
 
+    def throttled(self) -> None:
+        """The namespace has no credits left this second: refuse the receiver (it stops being a consumer)."""
+
 
 class LockLost(Exception):
     """The lock token is unknown or its lock has expired."""
@@ -211,12 +215,19 @@ class MessageStore:
             message = self._pop_ready()
             if message is None:
                 return
+            faults = self.queue.faults
+            if not faults.charge(1):  # a receive costs a credit, as on the Standard tier
+                heapq.heappush(self._ready, message.sequence_number)
+                consumer.throttled()
+                continue
             if consumer.receive_and_delete:
                 del self.messages[message.sequence_number]
                 consumer.deliver(message, None)
             else:
                 token = self._lock(message)
                 consumer.deliver(message, token)
+                if faults.lose_lock():
+                    self.queue.loop.call_soon(self._lose_lock, message, token)
 
     def _pop_ready(self) -> StoredMessage | None:
         now = time.time()
@@ -305,6 +316,12 @@ class MessageStore:
         message.locked_until = time.time() + self.queue.settings.lock_duration
         self.queue.timeline.add(message.locked_until, "lock", self, message)
         return message.locked_until
+
+    def _lose_lock(self, message: StoredMessage, token: bytes) -> None:
+        """An injected fault: the lock is gone before its time, and the message available again."""
+        if message.lock_token == token and self.messages.get(message.sequence_number) is message:
+            log.debug("lock lost (injected) on %s #%d", self.path, message.sequence_number)
+            self._return(message, count_delivery=True)
 
     def lock_expired(self, message: StoredMessage) -> None:
         log.debug("lock expired on %s #%d", self.path, message.sequence_number)
@@ -443,10 +460,12 @@ class Queue:
         settings: QueueSettings,
         loop: asyncio.AbstractEventLoop,
         operations: collections.Counter[str] | None = None,
+        faults: FaultInjector | None = None,
     ) -> None:
         self.settings = settings
         self.loop = loop
         self.operations: collections.Counter[str] = collections.Counter() if operations is None else operations
+        self.faults = FaultInjector(None, self.operations) if faults is None else faults
         self.active = MessageStore(self, dead_letter=False)
         self.dead_letter = MessageStore(self, dead_letter=True)
         self.timeline = Timeline(self)
@@ -555,17 +574,19 @@ class Queue:
 class Broker:
     """All queues, by case-insensitive name, and the emulator's operation counters."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, faults: Faults | None = None) -> None:
         self.loop = loop
         self._queues: dict[str, Queue] = {}
         #: What the emulator has done since it started, by kind (see the README's "Operation counters").
         self.operations: collections.Counter[str] = collections.Counter()
+        #: The push-back it injects (faults.py), one for the namespace: credits are per namespace.
+        self.faults = FaultInjector(faults, self.operations)
 
     def declare(self, settings: QueueSettings) -> Queue:
         """Create the queue, or update the properties of an existing one (idempotent)."""
         queue = self._queues.get(settings.name.lower())
         if queue is None:
-            queue = self._queues[settings.name.lower()] = Queue(settings, self.loop, self.operations)
+            queue = self._queues[settings.name.lower()] = Queue(settings, self.loop, self.operations, self.faults)
             log.info("declared queue %s", settings.name)
         elif queue.settings != settings:
             queue.reconfigure(settings)

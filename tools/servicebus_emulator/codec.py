@@ -422,8 +422,11 @@ def outcome(code: int, fields: list[bytes] | None = None) -> bytes:
 
 
 def error_value(condition: str, description: str | None = None) -> bytes:
-    """An encoded AMQP ``error`` (described list: condition, description, info)."""
-    return enc_described(0x1D, enc_list([enc_symbol(condition), enc_string(description) if description else NULL]))
+    """An encoded AMQP ``error`` (described list: condition, description, info), all three fields
+    written (info null): the Python SDK reads the third one of a refused send's error."""
+    return enc_described(
+        0x1D, enc_list([enc_symbol(condition), enc_string(description) if description else NULL, NULL])
+    )
 
 
 def disposition_frame(

@@ -166,6 +166,16 @@ class Connection(asyncio.Protocol):
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
+    def drop(self) -> None:
+        """Close the socket at once, without writing what is queued: an injected fault (faults.py)."""
+        if self._closing:
+            return
+        log.info("dropping the connection from %s (injected fault)", self.peer)
+        self._output.clear()
+        self._closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
     def fail(self, condition: str, description: str) -> None:
         """Close the connection because of a protocol error."""
         if self._closing:

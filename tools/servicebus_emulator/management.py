@@ -24,6 +24,7 @@ from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
 from . import codec
 from . import message as messages
 from .broker import LockLost, MessageNotFound, MessageState, MessageStore, Queue, StoredMessage
+from .faults import SERVER_BUSY, THROTTLED
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,11 @@ class ManagementNode:
             return reply(request, 400, f"Bad request: {error!r}", condition=ARGUMENT_ERROR)
         return reply(request, status, "OK" if status == 200 else "No Content", value=value)
 
+    def _charge(self, messages: int) -> None:
+        """Messages sent, received or peeked cost a credit each (faults.py): 503 when throttled."""
+        if messages and not self.queue.faults.charge(messages):
+            raise ManagementError(503, SERVER_BUSY, THROTTLED)
+
     # --- operations --------------------------------------------------------------------------
 
     def _renew_lock(self, body: dict[bytes, Any], request: Request) -> tuple[int, Any]:
@@ -168,6 +174,7 @@ class ManagementNode:
 
     def _schedule_message(self, body: dict[bytes, Any], request: Request) -> tuple[int, Any]:
         numbers = []
+        self._charge(len(body[b"messages"]))
         for entry in body[b"messages"]:
             try:
                 content = messages.parse(entry[b"message"])
@@ -192,12 +199,14 @@ class ManagementNode:
         found = self.store.peek(start, count)
         if not found:
             return 204, None
+        self._charge(len(found))
         encoded = [{"message": _delivered(m, None, int(m.state) or None)} for m in found]
         return 200, {"messages": encoded}
 
     def _receive_by_sequence_number(self, body: dict[bytes, Any], request: Request) -> tuple[int, Any]:
         receive_and_delete = int(body.get(b"receiver-settle-mode", 1)) == 0
         results = []
+        self._charge(len(body[b"sequence-numbers"]))
         for number in body[b"sequence-numbers"]:
             try:
                 stored, token = self.store.take_deferred(int(number), receive_and_delete)

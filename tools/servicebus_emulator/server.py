@@ -19,6 +19,7 @@ from typing import Self, TypeVar
 from . import codec
 from .broker import Broker, QueueSettings
 from .connection import Connection
+from .faults import Faults
 
 log = logging.getLogger(__package__)
 
@@ -63,10 +64,13 @@ def queue_settings(
 class EmulatorServer:
     """The AMQP listener and its broker, on the running event loop."""
 
-    def __init__(self, host: str, port: int, queues: Iterable[QueueSettings | str] = ()) -> None:
+    def __init__(
+        self, host: str, port: int, queues: Iterable[QueueSettings | str] = (), faults: Faults | None = None
+    ) -> None:
         self.host = host
         self.requested_port = port
         self.queues = [queue_settings(queue) for queue in queues]
+        self.faults = faults or Faults()
         self.port = 0
         self.connections: set[Connection] = set()
         self.loop: asyncio.AbstractEventLoop
@@ -76,7 +80,7 @@ class EmulatorServer:
     async def start(self) -> None:
         codec.check_sdk_version()
         self.loop = asyncio.get_running_loop()
-        self.broker = Broker(self.loop)
+        self.broker = Broker(self.loop, self.faults)
         for settings in self.queues:
             self.broker.declare(settings)
         try:
@@ -92,6 +96,8 @@ class EmulatorServer:
             self.port,
             ", ".join(self.broker.names()) or "none",
         )
+        if self.faults.enabled:
+            log.info("injecting faults: %s", self.faults.to_arg())
 
     def operation_counts(self) -> dict[str, int]:
         """What the emulator has done since it started (see the README's "Operation counters").
@@ -99,6 +105,15 @@ class EmulatorServer:
         Call it on the server's event loop (:meth:`ServiceBusEmulator.operation_counts` from any thread).
         """
         return dict(self.broker.operations)
+
+    def set_faults(self, faults: Faults) -> None:
+        """Inject these faults from now on (``Faults()``: none). Call it on the server's event loop."""
+        self.faults = faults
+        self.broker.faults.configure(faults)
+
+    def fault_counts(self) -> dict[str, int]:
+        """Faults injected so far, by kind: ``throttled``, ``lock_lost``, ``link_drop``, ``connection_drop``."""
+        return self.broker.faults.counts()
 
     @property
     def connection_string(self) -> str:
@@ -190,6 +205,14 @@ class ServiceBusEmulator:
         """What the emulator has done since it started, by kind (see the README's "Operation counters")."""
         return self._call(self._server.operation_counts)
 
+    def set_faults(self, faults: Faults) -> None:
+        """Inject these faults from now on (``Faults()``: none); see faults.py."""
+        self._call(lambda: self._server.set_faults(faults))
+
+    def fault_counts(self) -> dict[str, int]:
+        """Faults injected so far, by kind: ``throttled``, ``lock_lost``, ``link_drop``, ``connection_drop``."""
+        return self._call(self._server.fault_counts)
+
     def stop(self, timeout: float = 10.0) -> None:
         """Close every connection and stop listening (idempotent)."""
         if not self._thread.is_alive():
@@ -209,16 +232,22 @@ class ServiceBusEmulator:
 
 
 def start(
-    host: str = "127.0.0.1", port: int = 0, queues: Iterable[QueueSettings | str] = (), *, timeout: float = 10.0
+    host: str = "127.0.0.1",
+    port: int = 0,
+    queues: Iterable[QueueSettings | str] = (),
+    *,
+    faults: Faults | None = None,
+    timeout: float = 10.0,
 ) -> ServiceBusEmulator:
     """Start an emulator in a background thread of this process.
 
     ``port=0`` picks a free port (read it from ``.port``). ``queues`` are :class:`QueueSettings`
     or names (Service Bus's default properties); more can be declared later with
-    :meth:`ServiceBusEmulator.declare_queue`. Raises :class:`EmulatorError` if it cannot start.
+    :meth:`ServiceBusEmulator.declare_queue`. ``faults``: Azure's push-back to inject (faults.py;
+    none by default). Raises :class:`EmulatorError` if it cannot start.
     """
     settings = [queue_settings(queue) for queue in queues]
-    server = EmulatorServer(host, port, settings)
+    server = EmulatorServer(host, port, settings, faults)
     loop = asyncio.new_event_loop()
     started: concurrent.futures.Future[None] = concurrent.futures.Future()
 

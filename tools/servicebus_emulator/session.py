@@ -33,6 +33,7 @@ from . import codec
 from . import message as messages
 from .broker import Broker, LockLost, MessageStore, Queue, StoredMessage
 from .errors import ProtocolError
+from .faults import DETACH_FORCED, DETACHED, SERVER_BUSY, THROTTLED
 from .management import ManagementNode, Request, handle_cbs
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,9 @@ class SessionHost(Protocol):
     def send(self, data: bytes) -> None:
         """Queue encoded frames for the peer."""
 
+    def drop(self) -> None:
+        """Close the socket now, without writing what is queued (an injected fault)."""
+
 
 class Session:
     """One session of a connection."""
@@ -101,6 +105,9 @@ class Session:
         self.outgoing_window = SESSION_WINDOW
         self.links: dict[int, Link] = {}  # by the client's handle
         self.unsettled: dict[int, tuple[OutgoingLink, bytes]] = {}  # our deliveries by delivery id
+        #: Handles of links we detached (a refusal, a fault) whose detach the client answered:
+        #: frames it sent on them before reading ours are ignored, until the handle is attached again.
+        self._detached: set[int] = set()
 
     # --- frames from the client --------------------------------------------------------------
 
@@ -117,9 +124,12 @@ class Session:
         elif code == codec.DETACH:
             self._on_detach(fields)
 
-    def _link(self, handle: int) -> Link:
+    def _link(self, handle: int) -> Link | None:
+        """The link attached with this handle (None: one we detached, see ``_detached``)."""
         link = self.links.get(handle)
         if link is None:
+            if handle in self._detached:
+                return None
             raise ProtocolError("amqp:session:unattached-handle", f"no link with handle {handle}")
         return link
 
@@ -131,8 +141,17 @@ class Session:
             self.incoming_window = SESSION_WINDOW
             self.send_flow()
         link = self._link(fields[0])
+        if link is None:
+            return
         if isinstance(link, IncomingLink):
+            if link.detach_sent:
+                return  # the client sent it before it read our detach
+            drop = self._drop(link)
+            if drop == "link":
+                return
             link.on_transfer(fields)
+            if drop == "connection":
+                self.connection.drop()
         elif isinstance(link, OutgoingLink):
             raise ProtocolError(NOT_ALLOWED, "transfer on a link the client receives on")
         # else: a refused link; the client may send before it reads our detach
@@ -141,8 +160,15 @@ class Session:
         was_blocked = self.remote_incoming_window <= 0
         next_incoming_id = fields[0] if fields[0] is not None else 0
         self.remote_incoming_window = next_incoming_id + fields[1] - self.next_transfer_id
-        if fields[4] is not None:
-            self._link(fields[4]).on_flow(fields)
+        link = self._link(fields[4]) if fields[4] is not None else None
+        if link is not None:
+            drop = self._drop(link)
+            if drop == "link":
+                return
+            link.on_flow(fields)
+            if drop == "connection":
+                self.connection.drop()
+                return
         if was_blocked and self.remote_incoming_window > 0:
             for link in self.links.values():
                 if isinstance(link, OutgoingLink):
@@ -160,12 +186,28 @@ class Session:
         if not ids and first == last and not settled:
             # Not one of ours (any more): say so now rather than let the client wait for an echo.
             self._echo(first, rejected(LOCK_LOST, "Unknown delivery, or its lock was lost."))
+        drop = self._drop(self.unsettled[ids[0]][0]) if ids else None
+        if drop == "link":
+            return
         updates = _property_updates(state, body) if ids else []
         for delivery_id in ids:
             link, token = self.unsettled.pop(delivery_id)
             echo = link.settle(token, state, updates)
             if not settled and echo is not None:
                 self._echo(delivery_id, echo)
+        if drop == "connection":
+            self.connection.drop()
+
+    def _drop(self, link: Link) -> str | None:
+        """An injected fault for a frame on a queue's link: ``"link"`` (the link is detached
+        now; the frame must not be handled), ``"connection"`` (handle it, then drop the
+        connection) or None."""
+        if not link.carries_messages or link.detach_sent:
+            return None
+        drop = self.connection.broker.faults.drop()
+        if drop == "link":
+            link.detach(error=(DETACH_FORCED, DETACHED))
+        return drop
 
     def _echo(self, delivery_id: int, state: bytes) -> None:
         self.send(
@@ -193,6 +235,7 @@ class Session:
         else:
             link = IncomingLink(self, name, handle, local_handle, fields, self._target(where, queue))
         self.links[handle] = link
+        self._detached.discard(handle)
         # A refused link gets no source/target (the SDK then drops it), then a detach with the reason.
         link.send_attach(raw_address if error is None else None)
         if error is not None:
@@ -219,7 +262,9 @@ class Session:
         if link is None:
             return
         link.teardown()
-        if not link.detach_sent:
+        if link.detach_sent:
+            self._detached.add(fields[0])
+        else:
             self.send(
                 codec.encode_performative(self.channel, DetachFrame(handle=link.handle, closed=fields[1], error=None))
             )
@@ -353,6 +398,8 @@ class Link:
         self.snd_settle_mode = attach[3]
         self.rcv_settle_mode = attach[4]
         self.detach_sent = False
+        #: A link to or from a queue (not a refused link, nor one of a request node).
+        self.carries_messages = False
 
     def send_attach(self, raw_address: Any) -> None:
         address = _text(raw_address)
@@ -414,6 +461,8 @@ class QueueTarget:
                 contents = [messages.parse(payload)]
         except codec.CodecError as error:
             return rejected(DECODE_ERROR, f"Malformed message: {error}")
+        if not self.queue.faults.charge(len(contents)):  # a message sent costs a credit
+            return rejected(SERVER_BUSY, THROTTLED)
         for content in contents:
             self.queue.send(content)
         return ACCEPTED
@@ -450,6 +499,7 @@ class IncomingLink(Link):
     ) -> None:
         super().__init__(session, name, remote_handle, handle, attach)
         self.target = target
+        self.carries_messages = isinstance(target, QueueTarget)
         self.delivery_count = attach[9] or 0
         self.credit = 0
         self._delivery: tuple[int, int, bool] | None = None  # id, format, settled
@@ -527,6 +577,7 @@ class OutgoingLink(Link):
         super().__init__(session, name, remote_handle, handle, attach)
         self.address = address
         self.store = store
+        self.carries_messages = store is not None
         self.operations = session.connection.broker.operations
         self._path = store.path if store is not None else "reply"
         self.receive_and_delete = self.snd_settle_mode == codec.SND_SETTLED
@@ -544,6 +595,13 @@ class OutgoingLink(Link):
         self._attached = False
         if self.store is not None:
             self.store.remove_consumer(self)
+            # Its deliveries cannot be settled on another link (their messages stay locked
+            # until their locks expire, or are settled by lock token over $management).
+            for delivery_id in [d for d, (link, _) in self.session.unsettled.items() if link is self]:
+                del self.session.unsettled[delivery_id]
+
+    def throttled(self) -> None:
+        self.detach(error=(SERVER_BUSY, THROTTLED))
 
     def wake(self) -> None:
         if self.store is not None:
