@@ -72,14 +72,24 @@ def credential(client_id: str | None, *, aio: bool = False):
 
 
 def table_service(settings: Settings):
+    """The app's tables: in the order state's own account when ``StateStorage`` names one
+    (docs/scale.md), else in the host's ``AzureWebJobsStorage`` account."""
     from azure.data.tables import TableServiceClient
 
-    if settings.storage_connection_string:
-        return TableServiceClient.from_connection_string(
-            storage_connection_string(settings.storage_connection_string), transport=transport()
+    if settings.state_storage_connection_string or settings.state_storage_account_name or settings.state_storage_table_service_uri:
+        connection, account, uri, client_id = (
+            settings.state_storage_connection_string, settings.state_storage_account_name,
+            settings.state_storage_table_service_uri, settings.state_storage_client_id,
         )
-    endpoint = settings.storage_table_service_uri or f"https://{settings.storage_account_name}.table.core.windows.net"
-    return TableServiceClient(endpoint, credential=credential(settings.storage_client_id), transport=transport())
+    else:
+        connection, account, uri, client_id = (
+            settings.storage_connection_string, settings.storage_account_name,
+            settings.storage_table_service_uri, settings.storage_client_id,
+        )
+    if connection:
+        return TableServiceClient.from_connection_string(storage_connection_string(connection), transport=transport())
+    endpoint = uri or f"https://{account}.table.core.windows.net"
+    return TableServiceClient(endpoint, credential=credential(client_id), transport=transport())
 
 
 def queue_client(settings: Settings, queue_name: str):

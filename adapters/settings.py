@@ -42,6 +42,13 @@ class Settings(BaseSettings):
     storage_queue_service_uri: str | None = _setting(f"{names.STORAGE_CONNECTION}__queueServiceUri", None)
     storage_client_id: str | None = _setting(f"{names.STORAGE_CONNECTION}__clientId", None)
 
+    #: Optional: the order state's own account (docs/scale.md); unset, the tables are in
+    #: AzureWebJobsStorage's account. Same forms: a connection string, or identity-based.
+    state_storage_connection_string: str | None = _setting(names.STATE_STORAGE_CONNECTION, None)
+    state_storage_account_name: str | None = _setting(f"{names.STATE_STORAGE_CONNECTION}__accountName", None)
+    state_storage_table_service_uri: str | None = _setting(f"{names.STATE_STORAGE_CONNECTION}__tableServiceUri", None)
+    state_storage_client_id: str | None = _setting(f"{names.STATE_STORAGE_CONNECTION}__clientId", None)
+
     servicebus_connection_string: str | None = _setting(names.SERVICEBUS_CONNECTION, None)
     servicebus_namespace: str | None = _setting(f"{names.SERVICEBUS_CONNECTION}__fullyQualifiedNamespace", None)
     servicebus_client_id: str | None = _setting(f"{names.SERVICEBUS_CONNECTION}__clientId", None)
@@ -93,6 +100,12 @@ class Settings(BaseSettings):
     retry_backoff_max_seconds: float = _setting("RETRY_BACKOFF_MAX_SECONDS", 300.0, ge=0)
     #: NCRONTAB (six fields, seconds first); read by the timer binding as %SUPERVISOR_SCHEDULE%.
     supervisor_schedule: str = _setting(names.SUPERVISOR_SCHEDULE_SETTING, names.DEFAULT_SUPERVISOR_SCHEDULE)
+    #: Partitions of the active index (adapters/store.py). Changing it with orders in
+    #: flight loses none: the sweep reads every index partition and moves each row to its
+    #: shard under the new count (docs/scale.md, "The active index, sharded").
+    active_index_shards: int = _setting(
+        names.ACTIVE_INDEX_SHARDS_SETTING, names.DEFAULT_ACTIVE_INDEX_SHARDS, ge=1, le=names.MAX_ACTIVE_INDEX_SHARDS
+    )
 
     # --- The status API (api/, core/access.py) ---------------------------------------
     #: easyauth (Azure: app roles from App Service Authentication), none (the local

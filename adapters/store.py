@@ -10,7 +10,8 @@ PartitionKey       RowKey                 what
                                           the current line of the workflow
 ``<OrderId>``      ``step-01-reserve``    how step 1's action ended (:class:`LineRecord`)
 ``<OrderId>``      ``undo-01-reserve``    how step 1's compensation ended
-``_active``        ``<OrderId>``          the active index: one row per in-flight order
+``_active-007``    ``<OrderId>``          the active index: one row per in-flight order,
+                                          in the shard a hash of its id picks
 =================  =====================  ==========================================
 
 The order and state rows are written by one entity-group transaction, so they exist
@@ -21,33 +22,46 @@ and removed once the order is terminal, so the supervisor's sweep reads the in-f
 orders only, however many finished orders the table holds. The index heals itself:
 an index row whose order is terminal, or whose order never got written, is dropped
 by the supervisor (:meth:`StateStore.sweep`).
+
+The index is spread over ``ACTIVE_INDEX_SHARDS`` partitions (``_active-000`` ...), the
+shard picked by a stable hash of the order id (:func:`core.names.active_shard`), so no
+single partition carries every order's index writes. Readers read every index partition,
+also those outside the current count (rows written under another count, or in the single
+``_active`` partition of before the sharding), and the sweep moves such a row to its shard
+under the current count: changing the count with orders in flight loses none
+(docs/scale.md, "The active index, sharded").
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
 from adapters import telemetry
-from core import lifecycle
+from core import lifecycle, names
 from core.models import LineRecord, LineState, OrderRequest, OrderState, ProcessState
 from core.workflow import Kind, Workflow
 
 ORDER_ROW = "order"
 STATE_ROW = "state"
-#: Order ids start with a letter or digit, so this partition can never be an order's.
-ACTIVE_PARTITION = "_active"
+#: The active index's single partition before it was sharded: still read (and drained into
+#: the shards by the sweep), so an upgrade with orders in flight loses none.
+UNSHARDED_ACTIVE_PARTITION = names.ACTIVE_PREFIX
+#: Threads that read the index's partitions, and the in-flight orders' state rows, at once.
+INDEX_READERS = 16
 #: The agents' circuit breakers as they were published: one row per (remote service, host
 #: instance), written only when that breaker changes state (``ordersctl breakers``).
 BREAKERS_PARTITION = "_breakers"
@@ -235,11 +249,36 @@ class BreakerRow:
     changed_at: datetime
 
 
+class IndexRow(NamedTuple):
+    """One row of the active index, and the partition it was read from."""
+
+    order_id: str
+    indexed_at: datetime
+    etag: str
+    partition: str
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def _concurrently(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
+    """``map(fn, items)`` on up to :data:`INDEX_READERS` threads (inline for a few items)."""
+    if len(items) <= 4:
+        yield from map(fn, items)
+        return
+    with ThreadPoolExecutor(max_workers=min(len(items), INDEX_READERS), thread_name_prefix="index") as pool:
+        yield from pool.map(fn, items)
+
+
 class StateStore:
     """Orders and their process state in one table. Thread-safe (the SDK client is)."""
 
-    def __init__(self, table: TableClient) -> None:
+    def __init__(self, table: TableClient, *, shards: int = names.DEFAULT_ACTIVE_INDEX_SHARDS) -> None:
+        names.active_shard("", shards)  # a clear error for a count out of range
         self.table = table
+        #: Partitions of the active index that new index rows go to (ACTIVE_INDEX_SHARDS).
+        self.shards = shards
         #: Table operations by kind, for benchmarks and tests (operations per order).
         self.ops: Counter[str] = Counter()
 
@@ -372,47 +411,104 @@ class StateStore:
 
     # -- the active index -------------------------------------------------------------
 
+    def index_partition(self, order_id: str) -> str:
+        """The index partition an order's row is written to under the current shard count."""
+        return names.active_partition(names.active_shard(order_id, self.shards))
+
     def _index(self, order_id: str, now: datetime) -> None:
         self._op("index_upsert")
         self.table.upsert_entity(
-            {"PartitionKey": ACTIVE_PARTITION, "RowKey": order_id, "IndexedAt": now}, mode=UpdateMode.REPLACE
+            {"PartitionKey": self.index_partition(order_id), "RowKey": order_id, "IndexedAt": now},
+            mode=UpdateMode.REPLACE,
         )
 
     def reindex(self, order_id: str, now: datetime) -> None:
         """Put an order back in the active index (before it leaves a terminal state)."""
         self._index(order_id, now)
 
-    def unindex(self, order_id: str, etag: str | None = None) -> None:
-        """Drop an order from the active index; succeeds when it is already gone."""
+    def unindex(self, order_id: str, etag: str | None = None, *, partition: str | None = None) -> None:
+        """Drop an order from the active index (from its shard, or from ``partition``);
+        succeeds when it is already gone."""
         self._op("index_delete")
+        partition = partition or self.index_partition(order_id)
         try:
             if etag:
-                self.table.delete_entity(
-                    ACTIVE_PARTITION, order_id, etag=etag, match_condition=MatchConditions.IfNotModified
-                )
+                self.table.delete_entity(partition, order_id, etag=etag, match_condition=MatchConditions.IfNotModified)
             else:
-                self.table.delete_entity(ACTIVE_PARTITION, order_id)
+                self.table.delete_entity(partition, order_id)
         except ResourceModifiedError:
             pass  # re-indexed since we looked: it is in flight again, keep it
         except ResourceNotFoundError:
             pass
 
+    def _index_queries(self) -> list[tuple[str, dict[str, Any]]]:
+        """Queries that together read every index row: one per shard of the current count,
+        one for the partitions past it (shards of a larger count before), one for the
+        partition of before the sharding. The last two cost one empty reply each when
+        nothing is left there."""
+        return [
+            *(("PartitionKey eq @pk", {"pk": names.active_partition(i)}) for i in range(self.shards)),
+            (
+                "PartitionKey ge @lo and PartitionKey lt @hi",
+                {"lo": names.active_partition(self.shards), "hi": f"{names.ACTIVE_PREFIX}-{_AFTER_PREFIX}"},
+            ),
+            ("PartitionKey eq @pk", {"pk": UNSHARDED_ACTIVE_PARTITION}),
+        ]
+
+    def _index_rows(
+        self, *, indexed_before: datetime | None = None, id_prefix: str | None = None, after: str | None = None,
+        page: int | None = None,
+    ) -> list[Iterator[IndexRow]]:
+        """One lazy iterator of index rows per index query (see :meth:`_index_queries`),
+        each in (partition, order id) order; ``page``: rows per reply."""
+        extra, extra_parameters = "", {}
+        if indexed_before is not None:
+            extra, extra_parameters = " and IndexedAt lt @before", {"before": indexed_before}
+        if id_prefix:
+            extra += " and RowKey ge @idlo and RowKey lt @idhi"
+            extra_parameters.update(idlo=id_prefix, idhi=id_prefix + _AFTER_PREFIX)
+        if after:
+            extra += " and RowKey gt @after"
+            extra_parameters["after"] = after
+
+        def rows(query: str, parameters: dict[str, Any]) -> Iterator[IndexRow]:
+            self._op("index_query")
+            found = self.table.query_entities(
+                query + extra, parameters={**parameters, **extra_parameters}, results_per_page=page or 1000
+            )
+            return (IndexRow(r["RowKey"], r["IndexedAt"], r.metadata["etag"], r["PartitionKey"]) for r in found)
+
+        return [rows(query, parameters) for query, parameters in self._index_queries()]
+
+    def _all_index_rows(self, **filters) -> list[IndexRow]:
+        """Every index row (filtered as :meth:`_index_rows`), the partitions read
+        concurrently, by order id."""
+        iterators = self._index_rows(**filters)
+        found = [row for rows in _concurrently(list, iterators) for row in rows]
+        return sorted(found, key=lambda row: row.order_id)
+
     def active_ids(
         self, *, indexed_before: datetime | None = None, id_prefix: str | None = None
     ) -> list[tuple[str, datetime, str]]:
-        """(order id, indexed at, index ETag) of the in-flight orders: one query of the
-        index partition, optionally of the ids that start with ``id_prefix``."""
-        self._op("index_query")
-        query, parameters = "PartitionKey eq @pk", {"pk": ACTIVE_PARTITION}
-        if indexed_before is not None:
-            query, parameters = f"{query} and IndexedAt lt @before", {**parameters, "before": indexed_before}
-        if id_prefix:
-            query, parameters = (
-                f"{query} and RowKey ge @lo and RowKey lt @hi",
-                {**parameters, "lo": id_prefix, "hi": id_prefix + _AFTER_PREFIX},
-            )
-        rows = self.table.query_entities(query, parameters=parameters)
-        return [(row["RowKey"], row["IndexedAt"], row.metadata["etag"]) for row in rows]
+        """(order id, indexed at, index ETag) of the in-flight orders, by order id: one query
+        per index partition (read concurrently), optionally of the ids that start with
+        ``id_prefix``."""
+        rows = self._all_index_rows(indexed_before=indexed_before, id_prefix=id_prefix)
+        return [(row.order_id, row.indexed_at, row.etag) for row in rows]
+
+    def _rehome(self, row: IndexRow) -> IndexRow:
+        """Move an index row written under another shard count to its shard under this one:
+        write it there (same IndexedAt), then delete it where it was (If-Match, so a row
+        written there again since is kept)."""
+        home = self.index_partition(row.order_id)
+        if row.partition == home:
+            return row
+        self._op("index_upsert")
+        metadata = self.table.upsert_entity(
+            {"PartitionKey": home, "RowKey": row.order_id, "IndexedAt": row.indexed_at}, mode=UpdateMode.REPLACE
+        )
+        self.unindex(row.order_id, row.etag, partition=row.partition)
+        return IndexRow(row.order_id, row.indexed_at, metadata["etag"], home)
 
     def publish_breaker(self, service: str, instance: str, state: str, at: datetime) -> None:
         """Record a breaker's new state (one upsert, on a state change only)."""
@@ -465,9 +561,9 @@ class StateStore:
 
     def in_flight(self, *, limit: int) -> tuple[list[OrderState], bool]:
         """The states of the in-flight orders (the active index), at most ``limit`` of them,
-        and whether there were more: one index query and a point read per order."""
-        indexed = self.active_ids()
-        states = [s for *_, s in self._states(indexed[:limit]) if s is not None and not s.process_state.terminal]
+        and whether there were more: one query per index partition and a point read per order."""
+        indexed = self._all_index_rows()
+        states = [s for _, s in self._states(indexed[:limit]) if s is not None and not s.process_state.terminal]
         return states, len(indexed) > limit
 
     def import_order(self, order: OrderRequest, state: OrderState, lines: Sequence[LineRecord] = ()) -> None:
@@ -490,35 +586,37 @@ class StateStore:
         """The indexed orders that need the supervisor: those whose deadline has passed,
         and terminal ones still indexed (their finishing step died half-way).
 
-        Costs one index query plus one point read per in-flight order that is old
-        enough to have expired; finished orders are never read (they are not in the
-        index). Index rows whose order was never written are dropped here.
+        Costs one query per index partition (read concurrently) plus one point read per
+        in-flight order that is old enough to have expired; finished orders are never read
+        (they are not in the index). Index rows whose order was never written are dropped
+        here, and a row found outside its shard (written under another shard count) is
+        moved to its shard first.
         """
-        candidates = self.active_ids(indexed_before=now - younger_than_cannot_expire)
-        for order_id, indexed_at, index_etag, state in self._states(candidates):
+        candidates = self._all_index_rows(indexed_before=now - younger_than_cannot_expire)
+        misplaced = [row for row in candidates if row.partition != self.index_partition(row.order_id)]
+        if misplaced:
+            moved = {row.order_id: row for row in _concurrently(self._rehome, misplaced)}
+            # One row per order (an order may have had a row on each side of the change).
+            candidates = list({row.order_id: moved.get(row.order_id, row) for row in candidates}.values())
+        for row, state in self._states(candidates):
             if state is None:
-                if now - indexed_at > ORPHAN_GRACE:
-                    self.unindex(order_id, index_etag)
-                    self._reindex_if_written(order_id, now)
+                if now - row.indexed_at > ORPHAN_GRACE:
+                    self.unindex(row.order_id, row.etag, partition=row.partition)
+                    self._reindex_if_written(row.order_id, now)
                 continue
             if state.process_state.terminal or state.complete_by <= now:
                 yield state
 
-    def _states(self, candidates: Iterable[tuple[str, datetime, str]]):
-        candidates = list(candidates)
+    def _states(self, candidates: Iterable[IndexRow]) -> Iterator[tuple[IndexRow, OrderState | None]]:
+        """Each index row with its order's state (None when the order is not written), read concurrently."""
 
-        def load(item):
-            order_id, indexed_at, etag = item
+        def load(row: IndexRow) -> tuple[IndexRow, OrderState | None]:
             try:
-                return order_id, indexed_at, etag, self.get(order_id)
+                return row, self.get(row.order_id)
             except OrderNotFound:
-                return order_id, indexed_at, etag, None
+                return row, None
 
-        if len(candidates) <= 4:
-            yield from map(load, candidates)
-            return
-        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="sweep") as pool:
-            yield from pool.map(load, candidates)
+        yield from _concurrently(load, list(candidates))
 
     def _reindex_if_written(self, order_id: str, now: datetime) -> None:
         # Closes the race with a submission that committed its rows after we looked.
@@ -547,7 +645,9 @@ class StateStore:
             )
             states = [state_from_entity(row) for row in rows]
         else:
-            states = [s for *_, s in self._states(self.active_ids()) if s is not None and s.process_state is state]
+            states = [
+                s for _, s in self._states(self._all_index_rows()) if s is not None and s.process_state is state
+            ]
         states.sort(key=lambda s: s.updated_at, reverse=True)
         return states[:limit]
 
@@ -558,9 +658,11 @@ class StateStore:
         ``after``; and the id the next page starts after (None on the last page).
 
         The cursor is a key, not a position, so orders written between two pages neither
-        repeat nor shift a page. Terminal states: one query of the state rows (a scan in
-        Azure, for operators); in-flight states: the active index, read in pages of
-        ``limit + 1`` ids, so a page costs the in-flight orders it reads, never the table."""
+        repeat nor shift a page, and a page survives a change of the shard count. Terminal
+        states: one query of the state rows (a scan in Azure, for operators); in-flight
+        states: the active index, every partition read in pages of ``limit + 1`` ids after
+        the cursor and merged by order id, so a page costs at most ``limit + 1`` index rows
+        per partition and the in-flight orders it reads, never the table."""
         found: list[OrderState] = []
         if state.terminal:
             self._op("query")
@@ -573,23 +675,29 @@ class StateStore:
                 if len(found) > limit:
                     break
         else:
-            cursor = after
+            ids = self._merged_index(after=after, page=min(limit + 1, 1000))
             while len(found) <= limit:
-                self._op("index_query")
-                query, parameters = "PartitionKey eq @pk", {"pk": ACTIVE_PARTITION}
-                if cursor:
-                    query, parameters = f"{query} and RowKey gt @after", {**parameters, "after": cursor}
-                batch = []
-                for row in self.table.query_entities(query, parameters=parameters, results_per_page=limit + 1):
-                    batch.append((row["RowKey"], row["IndexedAt"], row.metadata["etag"]))
-                    if len(batch) > limit:
-                        break
-                found += [s for *_, s in self._states(batch) if s is not None and s.process_state is state]
+                batch = list(itertools.islice(ids, limit + 1))
+                found += [s for _, s in self._states(batch) if s is not None and s.process_state is state]
                 if len(batch) <= limit:
                     break
-                cursor = batch[-1][0]
         page = found[:limit]
         return page, (page[-1].order_id if len(found) > limit else None)
+
+
+    def _merged_index(self, *, after: str | None, page: int) -> Iterator[IndexRow]:
+        """Every index row after ``after`` in order-id order across the partitions (each
+        partition's query pages lazily; the range past the shards, which may span several
+        partitions, is read whole and sorted), each order once even while the sweep moves
+        its row between partitions."""
+        *shards, beyond, unsharded = self._index_rows(after=after, page=page)
+        merged = heapq.merge(*shards, iter(sorted(beyond, key=lambda r: r.order_id)), unsharded,
+                             key=lambda row: row.order_id)
+        last = None
+        for row in merged:
+            if row.order_id != last:
+                yield row
+            last = row.order_id
 
 
 def _is_conflict(error: Exception) -> bool:

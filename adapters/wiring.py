@@ -42,7 +42,7 @@ class Services:
         nudges = clients.queue_client(settings, settings.scheduler_queue)
         return cls(
             settings=settings,
-            store=StateStore(tables.get_table_client(settings.orders_table)),
+            store=StateStore(tables.get_table_client(settings.orders_table), shards=settings.active_index_shards),
             rejections=RejectionStore(tables.get_table_client(settings.rejections_table)),
             publisher=Publisher(clients.servicebus_client(settings)),
             nudger=Nudger(nudges),

@@ -7,6 +7,7 @@ renamed queue cannot drift between code, tests and infrastructure.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -17,6 +18,11 @@ from core.workflow import remotes
 #: Storage connection used by the Functions host and by this app (tables, queues).
 #: Locally a connection string; in Azure the identity-based ``__accountName`` form.
 STORAGE_CONNECTION = "AzureWebJobsStorage"
+#: Optional: a storage account of its own for the order state (the app's tables), apart
+#: from the Functions host's. Unset, the tables live in ``AzureWebJobsStorage``'s account.
+#: Locally a connection string; in Azure ``StateStorage__tableServiceUri`` (identity-based).
+#: The scheduler's storage queue stays with the host's account (docs/scale.md says why).
+STATE_STORAGE_CONNECTION = "StateStorage"
 #: Service Bus connection. Locally a connection string; in Azure the identity-based
 #: ``ServiceBusConnection__fullyQualifiedNamespace`` form.
 SERVICEBUS_CONNECTION = "ServiceBusConnection"
@@ -35,6 +41,9 @@ SUPERVISOR_SCHEDULE_SETTING = "SUPERVISOR_SCHEDULE"
 #: (every call refused; the default).
 API_AUTH_SETTING = "API_AUTH"
 
+#: How many partitions the active index is spread over (docs/scale.md, "The active index, sharded").
+ACTIVE_INDEX_SHARDS_SETTING = "ACTIVE_INDEX_SHARDS"
+
 # --- Default names ----------------------------------------------------------------
 
 ORDERS_QUEUE = "orders"
@@ -51,6 +60,35 @@ WORKER_THREADS = 16
 
 #: NCRONTAB with seconds (six fields, seconds first): every 15 seconds.
 DEFAULT_SUPERVISOR_SCHEDULE = "*/15 * * * * *"
+
+# --- The active index: one row per in-flight order, spread over shards ----------------
+# adapters/store.py writes an order's index row in the shard a stable hash of its id picks;
+# the supervisor's sweep and the in-flight lists read every shard (docs/scale.md).
+
+#: Every index partition's key starts with this (``_active-000``, ``_active-001``, ...).
+#: Order ids start with a letter or digit, so no order's partition can start with ``_``.
+ACTIVE_PREFIX = "_active"
+#: 16 partitions of ~2,000 entities/s each: an index write and delete per order leave room
+#: for ~16,000 orders/s before the index, not the rest, is the limit (docs/scale.md).
+DEFAULT_ACTIVE_INDEX_SHARDS = 16
+#: Three decimal digits in the partition key; far more than 10,000 orders/s needs.
+MAX_ACTIVE_INDEX_SHARDS = 256
+
+
+def active_shard(order_id: str, shards: int) -> int:
+    """The shard of an order's index row: the first 8 bytes of the SHA-256 of its id,
+    modulo the shard count. Stable across processes and versions (never Python's ``hash()``,
+    which is salted per process)."""
+    if not 1 <= shards <= MAX_ACTIVE_INDEX_SHARDS:
+        raise ValueError(f"the active index has 1 to {MAX_ACTIVE_INDEX_SHARDS} shards, not {shards}")
+    digest = hashlib.sha256(order_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % shards
+
+
+def active_partition(shard: int) -> str:
+    """The PartitionKey of one shard of the active index, e.g. ``_active-007``."""
+    return f"{ACTIVE_PREFIX}-{shard:03d}"
+
 
 # --- Per remote service (one agent function and one request queue each) -------------
 # Derived from the remote's name in core.workflow: a new remote service there gets its

@@ -86,6 +86,14 @@ class Step:
         return self.action if kind is Kind.ACTION else self.compensate
 
 
+#: An order's rows are written in entity-group transactions of at most 100 entities
+#: (learn.microsoft.com/azure/storage/tables/scalability-targets). The largest: importing
+#: a finished order (order + state + an action and an undo row per step: 2 + 2 * 49 = 100);
+#: in flight, ending an undo writes the state row, that line and a row per later step
+#: that has no undo (at most 1 + 1 + 48).
+MAX_STEPS = 49
+
+
 @dataclass(frozen=True)
 class Workflow:
     name: str
@@ -95,6 +103,11 @@ class Workflow:
     def __post_init__(self) -> None:
         if not self.steps:
             raise ValueError(f"workflow {self.name} v{self.version} has no steps")
+        if len(self.steps) > MAX_STEPS:
+            raise ValueError(
+                f"workflow {self.name} v{self.version} has {len(self.steps)} steps; at most {MAX_STEPS} fit "
+                "the 100 entities of one Table Storage transaction (docs/scale.md)"
+            )
         names = [step.name for step in self.steps]
         if len(set(names)) != len(names):
             raise ValueError(f"workflow {self.name} v{self.version} repeats a step name: {names}")

@@ -95,6 +95,46 @@ param maximumInstanceCount int = 40
 @description('Memory of each instance, in MB.')
 param instanceMemoryMB int = 2048
 
+// How far one deployment goes (docs/scale.md, "The deployment's shape"): each of these
+// trades cost for a ceiling.
+@allowed([
+  'Standard'
+  'Premium'
+])
+@description('Service Bus tier. Standard: 1,000 credits/s per namespace shared by every send, receive and complete (about 50-70 orders/s). Premium: dedicated messaging units (serviceBusCapacity), billed by the hour whether used or not.')
+param serviceBusSku string = 'Standard'
+
+@allowed([
+  1
+  2
+  4
+  8
+  16
+])
+@description('Premium only: messaging units of the namespace, a multiple of serviceBusPartitions.')
+param serviceBusCapacity int = 1
+
+@allowed([
+  1
+  2
+  4
+])
+@description('Premium only: partitions of the namespace (each gets serviceBusCapacity / serviceBusPartitions units). Fixed when the namespace is created.')
+param serviceBusPartitions int = 1
+
+@description('A second storage account for the order state (the orders and rejections tables), apart from the host\'s AzureWebJobsStorage account: each account has its own request-rate target. The scheduler\'s storage queue stays with the host\'s account.')
+param separateStateStorage bool = false
+
+@minValue(1)
+@maxValue(1000)
+@description('Service Bus messages each instance handles at once, per Service Bus trigger (host.json extensions.serviceBus.maxConcurrentCalls, overridden by an app setting).')
+param serviceBusMaxConcurrentCalls int = 16
+
+@minValue(1)
+@maxValue(256)
+@description('ACTIVE_INDEX_SHARDS: partitions of the active index (one row per in-flight order). May be changed with orders in flight.')
+param activeIndexShards int = 16
+
 @description('Grant the app identity Azure Service Bus Data Owner so the platform can read queue lengths to scale the Service Bus triggers (reading runtime properties needs the Manage claim). Set false to keep the app at Data Sender + Data Receiver only.')
 param serviceBusScaleMonitoring bool = true
 
@@ -132,6 +172,12 @@ module resources 'resources.bicep' = {
     maximumInstanceCount: maximumInstanceCount
     instanceMemoryMB: instanceMemoryMB
     serviceBusScaleMonitoring: serviceBusScaleMonitoring
+    serviceBusSku: serviceBusSku
+    serviceBusCapacity: serviceBusCapacity
+    serviceBusPartitions: serviceBusPartitions
+    separateStateStorage: separateStateStorage
+    serviceBusMaxConcurrentCalls: serviceBusMaxConcurrentCalls
+    activeIndexShards: activeIndexShards
     apiClientId: apiClientId
     traceSampleRatio: traceSampleRatio
   }
@@ -145,6 +191,7 @@ output AZURE_RESOURCE_GROUP string = rg.name
 output AZURE_FUNCTION_APP_NAME string = resources.outputs.AZURE_FUNCTION_APP_NAME
 output SERVICE_APP_NAME string = resources.outputs.AZURE_FUNCTION_APP_NAME
 output AZURE_STORAGE_ACCOUNT_NAME string = resources.outputs.AZURE_STORAGE_ACCOUNT_NAME
+output AZURE_STATE_STORAGE_ACCOUNT_NAME string = resources.outputs.AZURE_STATE_STORAGE_ACCOUNT_NAME
 output AZURE_SERVICEBUS_NAMESPACE_NAME string = resources.outputs.AZURE_SERVICEBUS_NAMESPACE_NAME
 output AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = resources.outputs.AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE
 output AZURE_MANAGED_IDENTITY_CLIENT_ID string = resources.outputs.AZURE_MANAGED_IDENTITY_CLIENT_ID

@@ -8,8 +8,9 @@
 //
 //   ├─ user-assigned managed identity  (the app's only credential: no keys anywhere)
 //   ├─ storage account                 (host storage, deployment package, state tables, scheduler queue)
-//   ├─ Service Bus namespace, Standard (orders, one <remote>-requests queue per remote
-//   │                                   service, agent-responses, alerts)
+//   ├─ (separateStateStorage) a second storage account for the state tables alone
+//   ├─ Service Bus namespace, Standard or Premium (orders, one <remote>-requests queue per
+//   │                                   remote service, agent-responses, alerts)
 //   ├─ Log Analytics + Application Insights (Entra ID ingestion only; the app reads
 //   │                                        its own spans for the operator page)
 //   ├─ Flex Consumption plan + function app (Linux, Python 3.11)
@@ -96,6 +97,46 @@ param maximumInstanceCount int = 40
 ])
 @description('Memory of each instance, in MB.')
 param instanceMemoryMB int = 2048
+
+// How far one deployment goes (docs/scale.md, "The deployment's shape"): each of these
+// trades cost for a ceiling.
+@allowed([
+  'Standard'
+  'Premium'
+])
+@description('Service Bus tier. Standard: 1,000 credits/s per namespace shared by every send, receive and complete (about 50-70 orders/s). Premium: dedicated messaging units (serviceBusCapacity), billed by the hour whether used or not.')
+param serviceBusSku string = 'Standard'
+
+@allowed([
+  1
+  2
+  4
+  8
+  16
+])
+@description('Premium only: messaging units of the namespace, a multiple of serviceBusPartitions.')
+param serviceBusCapacity int = 1
+
+@allowed([
+  1
+  2
+  4
+])
+@description('Premium only: partitions of the namespace (each gets serviceBusCapacity / serviceBusPartitions units). Fixed when the namespace is created.')
+param serviceBusPartitions int = 1
+
+@description('A second storage account for the order state (the orders and rejections tables), apart from the host\'s AzureWebJobsStorage account: each account has its own request-rate target. The scheduler\'s storage queue stays with the host\'s account.')
+param separateStateStorage bool = false
+
+@minValue(1)
+@maxValue(1000)
+@description('Service Bus messages each instance handles at once, per Service Bus trigger (host.json extensions.serviceBus.maxConcurrentCalls, overridden by an app setting).')
+param serviceBusMaxConcurrentCalls int = 16
+
+@minValue(1)
+@maxValue(256)
+@description('ACTIVE_INDEX_SHARDS: partitions of the active index (one row per in-flight order). May be changed with orders in flight.')
+param activeIndexShards int = 16
 
 @description('Grant the app identity Azure Service Bus Data Owner so the platform can read queue lengths to scale the Service Bus triggers (reading runtime properties needs the Manage claim). Set false to keep the app at Data Sender + Data Receiver only.')
 param serviceBusScaleMonitoring bool = true
@@ -271,6 +312,11 @@ module monitoring 'core/monitor/monitoring.bicep' = {
   }
 }
 
+var stateTableNames = [
+  ordersTableName
+  rejectionsTableName
+]
+
 module storage 'core/storage/storage-account.bicep' = {
   name: 'storage'
   params: {
@@ -285,13 +331,33 @@ module storage 'core/storage/storage-account.bicep' = {
       schedulerQueueName
       '${schedulerQueueName}-poison'
     ]
-    tableNames: [
-      ordersTableName
-      rejectionsTableName
-    ]
+    tableNames: separateStateStorage ? [] : stateTableNames
     dataPrincipals: dataPrincipals
   }
 }
+
+// The order state in an account of its own: ~10 table requests per order no longer share
+// the host account's request-rate target with the host and the scheduler's queue (~3
+// queue operations per order), which stays with the host (its trigger's connection is the
+// host's). Tables only: the app and the developer get Storage Table Data Contributor here.
+module stateStorage 'core/storage/storage-account.bicep' = if (separateStateStorage) {
+  name: 'stateStorage'
+  params: {
+    name: 'sts${resourceToken}'
+    location: location
+    tags: tags
+    queueNames: []
+    tableNames: stateTableNames
+    dataPrincipals: dataPrincipals
+  }
+}
+
+// The app's tables through StateStorage (adapters/clients.py), identity-based like the others.
+var stateStorageSettings = separateStateStorage ? {
+  StateStorage__accountName: 'sts${resourceToken}'
+  StateStorage__credential: 'managedidentity'
+  StateStorage__clientId: identity.outputs.clientId
+} : {}
 
 module serviceBus 'core/messaging/service-bus.bicep' = {
   name: 'serviceBus'
@@ -300,6 +366,9 @@ module serviceBus 'core/messaging/service-bus.bicep' = {
     location: location
     tags: tags
     queues: serviceBusQueues
+    sku: serviceBusSku
+    capacity: serviceBusCapacity
+    partitions: serviceBusPartitions
     dataPrincipals: dataPrincipals
     scaleMonitorPrincipalId: serviceBusScaleMonitoring ? identity.outputs.principalId : ''
   }
@@ -345,6 +414,12 @@ module functionApp 'app/function-app.bicep' = {
       PENDING_TIMEOUT_SECONDS: string(pendingTimeoutSeconds)
       MAX_FAILURES: string(maxFailures)
       SUPERVISOR_SCHEDULE: supervisorSchedule
+      // Partitions of the active index (adapters/store.py); any change is safe with
+      // orders in flight (docs/scale.md, "The active index, sharded").
+      ACTIVE_INDEX_SHARDS: string(activeIndexShards)
+      // Per instance and per Service Bus trigger: host.json's maxConcurrentCalls, overridden
+      // here (learn.microsoft.com/azure/azure-functions/functions-host-json#override-hostjson-values).
+      AzureFunctionsJobHost__extensions__serviceBus__maxConcurrentCalls: string(serviceBusMaxConcurrentCalls)
       // The Python worker's one thread pool for sync functions (submit_order,
       // schedule_order, complete_step, supervise: short table and Service Bus calls).
       // Set explicitly: left unset, what an instance gets depends on how its worker was
@@ -367,7 +442,7 @@ module functionApp 'app/function-app.bicep' = {
       // (adapters/traces.py), as the app identity (Log Analytics Reader, granted in
       // core/monitor/monitoring.bicep).
       APPLICATIONINSIGHTS_WORKSPACE_ID: monitoring.outputs.logAnalyticsWorkspaceId
-    }, requestsQueueSettings, remoteUrlSettings)
+    }, requestsQueueSettings, remoteUrlSettings, stateStorageSettings)
   }
 }
 
@@ -407,6 +482,8 @@ module workbook 'app/workbook.bicep' = {
 
 output AZURE_FUNCTION_APP_NAME string = functionApp.outputs.name
 output AZURE_STORAGE_ACCOUNT_NAME string = storage.outputs.name
+// Where the order state is: the state account when there is one, else the host's.
+output AZURE_STATE_STORAGE_ACCOUNT_NAME string = separateStateStorage ? 'sts${resourceToken}' : storage.outputs.name
 output AZURE_SERVICEBUS_NAMESPACE_NAME string = serviceBus.outputs.name
 output AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
 output AZURE_MANAGED_IDENTITY_CLIENT_ID string = identity.outputs.clientId

@@ -57,7 +57,7 @@ def load_settings(path: Path | None) -> Settings:
 
 
 def _connection_in_environment() -> bool:
-    prefixes = (names.STORAGE_CONNECTION, names.SERVICEBUS_CONNECTION)
+    prefixes = (names.STORAGE_CONNECTION, names.STATE_STORAGE_CONNECTION, names.SERVICEBUS_CONNECTION)
     return any(key.startswith(prefixes) for key in os.environ)
 
 

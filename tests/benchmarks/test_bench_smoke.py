@@ -16,6 +16,7 @@ from benchmarks import azurite_log, ceiling
 from benchmarks.report import Report, kept_sections, write_soak_section
 from benchmarks.runner import Options, Plan, Runner
 from benchmarks.sweep import FINISHED_ROWS, IN_FLIGHT, IN_FLIGHT_ROWS
+from core import names
 from core.workflow import CURRENT
 
 STEPS = len(CURRENT.steps)
@@ -102,7 +103,9 @@ def test_ceiling_and_sweep_report_every_row(tmp_path):
 
     sweep_table = report.sections[1].tables[0]
     assert [row[0] for row in sweep_table.rows] == ["0", "1,000"]
-    assert all("read 100" in row[-1] and "index_query 1" in row[-1] for row in sweep_table.rows)
+    # One query per index shard, plus the partitions past them and the one of before the sharding.
+    index_queries = f"index_query {names.DEFAULT_ACTIVE_INDEX_SHARDS + 2},"
+    assert all("read 100" in row[-1] and index_queries in row[-1] for row in sweep_table.rows)
     assert sweep_table.rows[1][6] == FINISHED_ROWS * 1000 + (IN_FLIGHT_ROWS + 1) * IN_FLIGHT
 
     markdown = out.read_text()

@@ -8,11 +8,14 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
+import pytest
 from azure.storage.queue import QueueClient
 
+from adapters import wiring
 from adapters.wiring import services
+from core import names
 from core.models import AgentRequest, AgentResponse, LineState, Nudge, Outcome, ProcessState, utcnow
-from core.workflow import Kind
+from core.workflow import ORDER_WORKFLOW, Kind
 from devtools.orders import order_json
 from scheduler import dispatch
 from scheduler.blueprint import scheduler, submit_order
@@ -226,3 +229,68 @@ def test_resubmit_only_from_error_and_it_continues_with_the_failed_undo(app_sett
     assert retried.attempt == release.attempt + 1  # a new fencing token: the failed attempt's responses stay stale
     assert record(answer(release)) is None
     assert record(answer(retried)).process_state is ProcessState.COMPENSATED
+
+
+@pytest.mark.parametrize("new_shards", [8, 2])
+def test_changing_the_shard_count_with_orders_in_flight_loses_none(
+    app_settings, servicebus_emulator, monkeypatch, new_shards
+):
+    """Orders taken in under ACTIVE_INDEX_SHARDS=4, the hosts restarted with another count:
+    the supervisor still finds every expired one, moves its index row to its new shard, and
+    every order finishes with its index row gone, including orders that finished before any
+    sweep ran (their row under the old count is healed away by the next sweep)."""
+
+    def restart_with(shards: int):
+        monkeypatch.setenv(names.ACTIVE_INDEX_SHARDS_SETTING, str(shards))
+        wiring.reset()
+        assert services().store.shards == shards
+
+    restart_with(4)
+    stuck = [f"o-s{new_shards}-{i}" for i in range(6)]  # claimed, then their hosts went away
+    def shard_changed(order_id: str) -> bool:
+        return names.active_shard(order_id, 4) != names.active_shard(order_id, new_shards)
+
+    # Submitted, finished after the change: two whose shard changes with the count, one whose does not.
+    ids = [f"o-q{new_shards}-{i}" for i in range(50)]
+    left_behind = [o for o in ids if shard_changed(o)][:2]
+    quick = [*left_behind, next(o for o in ids if not shard_changed(o))]
+    requests = {order_id: schedule(submit(order_id)) for order_id in stuck}
+    for order_id in quick:
+        submit(order_id)
+    old_rows = index_rows(services().store)
+    assert {order_id for order_id, _ in old_rows} == {*stuck, *quick}
+    assert all(partition == names.active_partition(names.active_shard(o, 4)) for o, partition in old_rows)
+    receive(servicebus_emulator.connection_string, app_settings["INVENTORY_REQUESTS_QUEUE"], len(stuck))
+
+    restart_with(new_shards)
+    store = services().store
+    for order_id in quick:  # finished wholly under the new count, before any sweep
+        finish(schedule(Nudge(order_id=order_id)), app_settings, servicebus_emulator)
+    later = utcnow() + services().settings.step_timeout + timedelta(seconds=1)
+    # Every expired order found under the old count; the quick orders' rows under the old
+    # count (terminal, still indexed) closed again (a repeated status event, as after a
+    # crash) and dropped.
+    assert any(shard_changed(o) for o in stuck)
+    assert dict(supervise(later)) == {"retry": len(stuck), "healed": len(left_behind)}
+    moved = dict(index_rows(store))
+    assert moved == {o: names.active_partition(names.active_shard(o, new_shards)) for o in stuck}
+    for order_id in stuck:
+        retried = schedule(Nudge(order_id=order_id))
+        assert (retried.step, retried.attempt) == ("reserve", requests[order_id].attempt + 1)
+        assert finish(retried, app_settings, servicebus_emulator) is ProcessState.PROCESSED
+    assert store.active_ids() == []
+    assert {store.get(o).process_state for o in (*stuck, *quick)} == {ProcessState.PROCESSED}
+
+
+def index_rows(store) -> list[tuple[str, str]]:
+    """(order id, partition) of every index row, wherever it is."""
+    return [(row.order_id, row.partition) for row in store._all_index_rows()]  # noqa: SLF001 - the test looks inside
+
+
+def finish(request: AgentRequest, app_settings, servicebus_emulator) -> ProcessState:
+    """Answer every step of an order as done, from the request of its current step."""
+    while True:
+        state = record(answer(request))
+        if state.process_state.terminal:
+            return state.process_state
+        request = last_request(app_settings, servicebus_emulator, ORDER_WORKFLOW.steps[state.step_index].remote)

@@ -544,3 +544,51 @@ def test_the_alert_of_a_step_that_cannot_be_undone_names_the_step():
     (alert,) = w.publisher.alerts
     assert alert.step == "ship" and alert.failed_compensations == []
     assert "step ship could not be completed and cannot be undone" in alert.reason
+
+
+def test_a_definition_longer_than_one_transaction_can_write_is_refused():
+    steps = tuple(workflows.Step(f"s{i}", remote="inventory", action=f"a{i}") for i in range(workflows.MAX_STEPS + 1))
+    with pytest.raises(ValueError, match="100 entities of one Table Storage transaction"):
+        workflows.Workflow("long", 1, steps)
+    assert workflows.Workflow("long", 1, steps[:-1]).steps[-1].name == f"s{workflows.MAX_STEPS - 1}"
+
+
+class CountingTable(MemoryTable):
+    """Records how many entities each entity-group transaction holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.transactions: list[int] = []
+
+    def submit_transaction(self, operations):
+        operations = list(operations)
+        self.transactions.append(len(operations))
+        return super().submit_transaction(operations)
+
+
+def test_every_transaction_of_the_longest_definition_fits_in_one_entity_group_transaction(monkeypatch):
+    """The worst case the bound allows: MAX_STEPS steps, none with an undo but the first,
+    the last refused. Undoing writes the state row, the refused line and a Failed row for
+    every step that has no undo in one transaction; an imported finished order writes two
+    rows per step. Both stay within Azure's 100 entities per transaction."""
+    steps = (
+        workflows.Step("s0", remote="inventory", action="a0", compensate="u0"),
+        *(workflows.Step(f"s{i}", remote="inventory", action=f"a{i}") for i in range(1, workflows.MAX_STEPS)),
+    )
+    longest = workflows.Workflow("longest", 1, steps)
+    monkeypatch.setitem(workflows.WORKFLOWS, longest.key, longest)
+    w = World(longest)
+    w.table = w.store.table = CountingTable()
+    w.submit()
+    for _ in range(workflows.MAX_STEPS - 1):
+        w.answer()
+    w.answer(Outcome.FAILED_PERMANENT)  # the last step refused: undo everything before it
+    w.answer()  # s0's undo done; the 47 steps between could not be undone
+    assert w.state().process_state is ProcessState.ERROR
+    assert max(w.table.transactions) == 1 + 1 + (workflows.MAX_STEPS - 2), w.table.transactions
+    # The order imported as it ended (a migration, a benchmark's history): order, state and
+    # every line's row in one transaction, which the table refuses past 100 entities.
+    record = w.store.read("o-1")
+    imported = OrderRequest.model_validate(order_dict("o-2", lines=1))
+    w.store.import_order(imported, record.state.model_copy(update={"order_id": "o-2"}), record.lines)
+    assert w.table.transactions[-1] == 2 + len(record.lines) <= 100

@@ -1,6 +1,7 @@
-// The storage account: the Functions host's own storage (AzureWebJobsStorage: blob
+// A storage account: the Functions host's own storage (AzureWebJobsStorage: blob
 // leases, timer schedule state, queue trigger bookkeeping), the app's deployment
-// package, the state tables and the scheduler's queue. Shared keys are disabled, so
+// package and the scheduler's queue, with the state tables unless they have an account
+// of their own (separateStateStorage: this module again, with tables only). Shared keys are disabled, so
 // nothing can reach it with an account key or a SAS signed by one; every client
 // (the host, the app, the deploying developer) uses Entra ID and the roles below.
 
@@ -8,8 +9,8 @@ param name string
 param location string = resourceGroup().location
 param tags object = {}
 
-@description('Blob container that holds the function app\'s deployment package.')
-param deploymentContainerName string
+@description('Blob container that holds the function app\'s deployment package. Empty: an account for tables only (no blob role granted).')
+param deploymentContainerName string = ''
 
 @description('Storage queues to create.')
 param queueNames array
@@ -54,7 +55,7 @@ resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01'
   name: 'default'
 }
 
-resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = if (!empty(deploymentContainerName)) {
   parent: blobService
   name: deploymentContainerName
   properties: {
@@ -84,7 +85,7 @@ resource table 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-0
 }]
 
 // Blob: the host's leases and timer state, and the deployment package it downloads.
-resource blobDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for principal in dataPrincipals: {
+resource blobDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for principal in dataPrincipals: if (!empty(deploymentContainerName)) {
   name: guid(storage.id, principal.id, storageBlobDataOwnerRoleId)
   scope: storage
   properties: {
@@ -95,7 +96,7 @@ resource blobDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = [f
 }]
 
 // Queue: the scheduler's nudges (trigger, output binding, the supervisor's delayed sends).
-resource queueDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for principal in dataPrincipals: {
+resource queueDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for principal in dataPrincipals: if (!empty(queueNames)) {
   name: guid(storage.id, principal.id, storageQueueDataContributorRoleId)
   scope: storage
   properties: {
@@ -105,8 +106,8 @@ resource queueDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-0
   }
 }]
 
-// Table: the state store (orders) and the rejections table.
-resource tableDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for principal in dataPrincipals: {
+// Table: the state store (orders) and the rejections table, in whichever account holds them.
+resource tableDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for principal in dataPrincipals: if (!empty(tableNames)) {
   name: guid(storage.id, principal.id, storageTableDataContributorRoleId)
   scope: storage
   properties: {
