@@ -39,7 +39,7 @@ class Services:
         tables = clients.table_service(settings)
         for name in (settings.orders_table, settings.rejections_table):
             _ensure_table(tables, name)
-        nudges = clients.queue_client(settings, settings.scheduler_queue)
+        nudges = [clients.queue_client(settings, queue) for queue in settings.scheduler_queues]
         return cls(
             settings=settings,
             store=StateStore(tables.get_table_client(settings.orders_table), shards=settings.active_index_shards),

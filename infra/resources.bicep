@@ -7,7 +7,7 @@
 //                  remoteInventoryUrl=<url> remotePaymentsUrl=<url> remoteShippingUrl=<url>
 //
 //   ├─ user-assigned managed identity  (the app's only credential: no keys anywhere)
-//   ├─ storage account                 (host storage, deployment package, state tables, scheduler queue)
+//   ├─ storage account                 (host storage, deployment package, state tables, scheduler queues)
 //   ├─ (separateStateStorage) a second storage account for the state tables alone
 //   ├─ Service Bus namespace, Standard or Premium (orders, one <remote>-requests queue per
 //   │                                   remote service, agent-responses, alerts)
@@ -160,6 +160,12 @@ var ordersQueueName = 'orders'
 var agentResponsesQueueName = 'agent-responses'
 var alertsQueueName = 'alerts'
 var schedulerQueueName = 'scheduler'
+// The scheduler's queues, one per shard (core/names.py SCHEDULER_QUEUE_SHARDS: an order's
+// nudges all go to the queue its id picks, each queue read by a function of its own), and
+// the single queue of before the sharding, still read so an upgrade loses no nudge.
+var schedulerQueueShards = 8
+var schedulerShardQueueNames = map(range(0, schedulerQueueShards), shard => '${schedulerQueueName}-${shard}')
+var schedulerQueueSettings = toObject(range(0, schedulerQueueShards), shard => 'SCHEDULER_QUEUE_${shard}', shard => '${schedulerQueueName}-${shard}')
 var ordersTableName = 'orders'
 var rejectionsTableName = 'rejections'
 
@@ -327,10 +333,10 @@ module storage 'core/storage/storage-account.bicep' = {
     // The Functions host moves a nudge that failed maxDequeueCount times (host.json)
     // to <queue>-poison. Provisioned up front so it exists, empty, where the operator
     // looks. (A poisoned nudge loses no order: the supervisor re-nudges the row.)
-    queueNames: [
-      schedulerQueueName
-      '${schedulerQueueName}-poison'
-    ]
+    queueNames: concat(
+      concat(schedulerShardQueueNames, [schedulerQueueName]),
+      map(concat(schedulerShardQueueNames, [schedulerQueueName]), queue => '${queue}-poison')
+    )
     tableNames: separateStateStorage ? [] : stateTableNames
     dataPrincipals: dataPrincipals
   }
@@ -442,7 +448,7 @@ module functionApp 'app/function-app.bicep' = {
       // (adapters/traces.py), as the app identity (Log Analytics Reader, granted in
       // core/monitor/monitoring.bicep).
       APPLICATIONINSIGHTS_WORKSPACE_ID: monitoring.outputs.logAnalyticsWorkspaceId
-    }, requestsQueueSettings, remoteUrlSettings, stateStorageSettings)
+    }, requestsQueueSettings, schedulerQueueSettings, remoteUrlSettings, stateStorageSettings)
   }
 }
 
