@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from core.workflow import remotes
+from devtools import azurite
 from devtools.localstack import LocalStack
 from devtools.paths import ROOT
 
@@ -49,6 +50,10 @@ def main(
                           "Default: my-status."),
     ] = None,
     hosts: Annotated[int, typer.Option(min=1, max=4, help="Local Functions host processes.")] = 1,
+    state_accounts: Annotated[
+        int, typer.Option(min=1, max=len(azurite.STATE_ACCOUNTS),
+                          help="Storage accounts of Azurite the order state is spread over (STATE_STORAGE_ACCOUNTS).")
+    ] = 1,
     servicebus_port: Annotated[int, typer.Option(help="Service Bus emulator port.")] = 5672,
     remote_port: Annotated[int, typer.Option(help="Fake remote service port.")] = 7081,
     api_port: Annotated[
@@ -72,6 +77,7 @@ def main(
         remote_urls=remote_urls,
         client_queues=tuple(queue or ("my-status",)),
         log_dir=log_dir,
+        state_accounts=state_accounts,
     )
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
