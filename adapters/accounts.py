@@ -13,7 +13,9 @@ per-order call to the order's account; the lists, sweeps and counts read every a
 (concurrently) and merge. The list is fixed for the deployment's life: an order is looked
 for where its id and the list's length say, so adding, removing or reordering an account
 would hide the orders already written (docs/scale.md, "The order state over several
-accounts").
+accounts"). :func:`check_layout` refuses such a change: each account's table keeps a row
+with its place in the list and the list's length, written on first use and compared on
+every start.
 """
 
 from __future__ import annotations
@@ -26,11 +28,45 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import TypeVar
 
+from azure.core.exceptions import ResourceExistsError
+
 from adapters.store import BreakerRow, Created, OrderRecord, StateStore
 from core import names
 from core.models import LineRecord, OrderRequest, OrderState, ProcessState
 
 T = TypeVar("T")
+
+#: Where each account's table records its place among the state's accounts. The partition
+#: starts with ``_``, as no order id does, and sorts before the active index's partitions.
+LAYOUT_PARTITION = "_accounts"
+LAYOUT_ROW = "layout"
+
+
+class AccountLayoutChanged(RuntimeError):
+    """STATE_STORAGE_ACCOUNTS no longer lists the accounts as the orders were written:
+    reads and writes would look for orders in the wrong account, so nothing runs."""
+
+
+def check_layout(tables: Sequence) -> None:
+    """Record, or check, each account's place in the list (``tables``: the orders table in
+    each account, in the setting's order). The first start writes a row in each; every
+    later start compares: a reordered list, or a changed count, raises
+    :class:`AccountLayoutChanged` naming the account and what it was. One request per
+    account per process (a create, or a create refused and a read)."""
+    for position, table in enumerate(tables):
+        try:
+            table.create_entity(
+                {"PartitionKey": LAYOUT_PARTITION, "RowKey": LAYOUT_ROW, "Position": position, "Accounts": len(tables)}
+            )
+        except ResourceExistsError:
+            row = table.get_entity(LAYOUT_PARTITION, LAYOUT_ROW)
+            if (row["Position"], row["Accounts"]) != (position, len(tables)):
+                raise AccountLayoutChanged(
+                    f"{names.STATE_STORAGE_ACCOUNTS_SETTING}: the account at place {position} of {len(tables)} "
+                    f"({getattr(table, 'account_name', '?')}) was written as place {row['Position']} of "
+                    f"{row['Accounts']}. The accounts of the order state are fixed for the deployment's life "
+                    "(orders live where they were created): restore the list as it was (docs/scale.md)"
+                ) from None
 
 
 class ShardedStateStore:

@@ -18,7 +18,7 @@ from azure.core.exceptions import HttpResponseError
 from pydantic import BaseModel
 
 from adapters import clients, telemetry
-from adapters.accounts import ShardedStateStore, state_store
+from adapters.accounts import ShardedStateStore, check_layout, state_store
 from adapters.messaging import Nudger, Publisher
 from adapters.settings import Settings, get_settings
 from adapters.store import RejectionStore, StateStore
@@ -43,14 +43,13 @@ class Services:
         _ensure_table(tables, settings.rejections_table)
         for account in accounts:
             _ensure_table(account, settings.orders_table)
+        orders = [account.get_table_client(settings.orders_table) for account in accounts]
+        check_layout(orders)  # the same accounts in the same order as when the orders were written
         nudges = [clients.queue_client(settings, queue) for queue in settings.scheduler_queues]
         return cls(
             settings=settings,
             # One account: its store; several: each order in the one its id picks (adapters/accounts.py).
-            store=state_store([
-                StateStore(account.get_table_client(settings.orders_table), shards=settings.active_index_shards)
-                for account in accounts
-            ]),
+            store=state_store([StateStore(table, shards=settings.active_index_shards) for table in orders]),
             rejections=RejectionStore(tables.get_table_client(settings.rejections_table)),
             publisher=Publisher(clients.servicebus_client(settings)),
             nudger=Nudger(nudges),

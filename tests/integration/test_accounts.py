@@ -11,7 +11,7 @@ import pytest
 from azure.data.tables import TableServiceClient
 
 from adapters import wiring
-from adapters.accounts import ShardedStateStore
+from adapters.accounts import AccountLayoutChanged, ShardedStateStore
 from adapters.wiring import services
 from core import names
 from core.models import OrderRequest, ProcessState, utcnow
@@ -106,3 +106,14 @@ def test_an_order_in_error_is_resubmitted_in_its_account_and_nudged_on_its_queue
     assert order_id in rows_in(two_accounts[home], table, index)
     assert [n.order_id for n in take_nudges(s.nudger)] == [order_id]  # on its own queue (checked)
     assert OrderRequest.model_validate_json(order_json(order_id)) == s.store.get_order(order_id)
+
+
+def test_the_app_refuses_to_start_on_the_accounts_in_another_order(two_accounts, monkeypatch):
+    services()  # the layout is written on first use
+    monkeypatch.setenv(names.STATE_STORAGE_ACCOUNTS_SETTING, ",".join(reversed(two_accounts)))
+    wiring.reset()
+    with pytest.raises(AccountLayoutChanged, match="fixed for the deployment's life"):
+        services()
+    monkeypatch.setenv(names.STATE_STORAGE_ACCOUNTS_SETTING, ",".join(two_accounts))
+    wiring.reset()
+    assert isinstance(services().store, ShardedStateStore)  # as it was: it starts

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from pydantic import ValidationError
 
-from adapters.accounts import ShardedStateStore, state_store
+from adapters.accounts import AccountLayoutChanged, ShardedStateStore, check_layout, state_store
 from adapters.settings import Settings
 from adapters.store import StateStore
 from core import names
@@ -118,3 +118,16 @@ def test_a_malformed_accounts_setting_is_refused_with_a_clear_error(value, says)
     with pytest.raises(ValidationError, match=says) as error:
         settings(value)
     assert names.STATE_STORAGE_ACCOUNTS_SETTING in str(error.value)
+
+
+def test_the_accounts_layout_is_recorded_once_and_a_changed_list_is_refused():
+    """Orders live where they were created: the same accounts in the same order start again;
+    a reordered list, one more account, or one fewer, is refused naming the setting."""
+    a, b, c = MemoryTable(), MemoryTable(), MemoryTable()
+    check_layout([a, b])
+    check_layout([a, b])  # a restart, or a second instance
+    assert a.rows("_accounts")["layout"]["Position"] == 0 and b.rows("_accounts")["layout"]["Accounts"] == 2
+    for changed in ([b, a], [a, b, c], [a]):
+        with pytest.raises(AccountLayoutChanged, match=names.STATE_STORAGE_ACCOUNTS_SETTING):
+            check_layout(changed)
+    assert "_accounts" not in {s.order_id for s in StateStore(a).list_states()}, "the layout row is no order"
