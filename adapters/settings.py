@@ -174,10 +174,6 @@ class Settings(BaseSettings):
             return ()
         return tuple(item.strip() for item in self.state_storage_accounts.split(","))
 
-    def scheduler_queue_for(self, order_id: str) -> str:
-        """The scheduler queue an order's nudges go to."""
-        return self.scheduler_queues[names.scheduler_queue_shard(order_id)]
-
     def own_queues(self) -> frozenset[str]:
         """The app's own Service Bus queues (a submitter's ReplyTo may not name one)."""
         return frozenset(
