@@ -1,7 +1,7 @@
 """Orders through the whole local stack with the order state over two storage accounts of
 Azurite (STATE_STORAGE_ACCOUNTS) and every one of the scheduler's queues in use: each order
 ends, lives in the account its id picks, and is found by ``ordersctl status`` and the
-status API, which list and resubmit across the accounts."""
+status API, which list, count (the operator page) and resubmit across the accounts."""
 
 from __future__ import annotations
 
@@ -77,6 +77,9 @@ def test_orders_over_two_accounts_and_every_scheduler_queue_end_and_are_found(st
         if (continuation := page["continuation"]) is None:
             break
     assert listed == sorted(set(IDS) - {STUCK})
+    # The operator page's counts read both accounts.
+    totals = requests.get(f"{api}/ops/counts", params={"hours": 1}, timeout=10).json()["totals"]
+    assert (totals["Processed"], totals["Error"]) == (len(IDS) - 1, 1)
 
     # Resubmitted over the API once inventory takes the release again: it ends Compensated.
     stack.remote.set_faults(service="inventory", script=None)
