@@ -169,6 +169,8 @@ var schedulerQueueName = 'scheduler'
 // The scheduler's queues, one per shard (core/names.py SCHEDULER_QUEUE_SHARDS: an order's
 // nudges all go to the queue its id picks, each queue read by a function of its own), and
 // the single queue of before the sharding, still read so an upgrade loses no nudge.
+// (range, map, toObject and join: Bicep's array and lambda functions,
+// learn.microsoft.com/azure/azure-resource-manager/bicep/bicep-functions-array, read 2026-11-24.)
 var schedulerQueueShards = 8
 var schedulerShardQueueNames = map(range(0, schedulerQueueShards), shard => '${schedulerQueueName}-${shard}')
 var schedulerQueueSettings = toObject(range(0, schedulerQueueShards), shard => 'SCHEDULER_QUEUE_${shard}', shard => '${schedulerQueueName}-${shard}')
