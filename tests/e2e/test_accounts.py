@@ -1,19 +1,23 @@
 """Orders through the whole local stack with the order state over two storage accounts of
 Azurite (STATE_STORAGE_ACCOUNTS) and every one of the scheduler's queues in use: each order
 ends, lives in the account its id picks, and is found by ``ordersctl status`` and the
-status API, which list, count (the operator page) and resubmit across the accounts."""
+status API, which list, count (the operator page) and resubmit across the accounts. And a
+nudge left in the single scheduler queue of before the sharding is still handled."""
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 import pytest
 import requests
 from azure.data.tables import TableServiceClient
 
-from adapters import wiring
+from adapters import clients, telemetry, wiring
 from adapters.accounts import ShardedStateStore
 from adapters.wiring import services
 from core import names
-from core.models import ProcessState
+from core.models import Nudge, OrderRequest, ProcessState, utcnow
+from core.workflow import CURRENT
 from devtools import azurite as azurite_launcher
 from devtools.orders import order_json
 from tests.e2e.test_api import ordersctl_status
@@ -86,3 +90,17 @@ def test_orders_over_two_accounts_and_every_scheduler_queue_end_and_are_found(st
     assert requests.post(f"{api}/orders/{STUCK}/resubmit", timeout=10).status_code == 202
     assert stack.wait_closed([STUCK], timeout=30)[STUCK].process_state is ProcessState.COMPENSATED
     stack.assert_remote_clean()
+
+
+def test_a_nudge_left_in_the_single_queue_of_before_is_still_handled(stack):
+    """An upgrade from one scheduler queue to eight loses no nudge: ``schedule_order`` still
+    reads the old queue. The order's deadline is minutes away, so only that nudge moves it."""
+    s = services()
+    order = OrderRequest.model_validate_json(order_json("legacy-1"))
+    s.store.create_order(order, workflow=CURRENT, reply_to=None, now=utcnow(), pending_timeout=timedelta(minutes=5))
+    legacy = clients.queue_client(s.settings, s.settings.scheduler_queue)
+    legacy.create_queue()
+    legacy.send_message(telemetry.stamp(Nudge(order_id="legacy-1")).model_dump_json(exclude_none=True))
+    (host,) = stack.start_hosts()
+    assert stack.wait_closed(["legacy-1"], timeout=30)["legacy-1"].process_state is ProcessState.PROCESSED
+    assert len(host.invocations("schedule_order")) == 1
