@@ -131,3 +131,11 @@ def test_the_accounts_layout_is_recorded_once_and_a_changed_list_is_refused():
         with pytest.raises(AccountLayoutChanged, match=names.STATE_STORAGE_ACCOUNTS_SETTING):
             check_layout(changed)
     assert "_accounts" not in {s.order_id for s in StateStore(a).list_states()}, "the layout row is no order"
+
+
+def test_the_router_offers_every_public_method_of_the_store():
+    """A method added to StateStore must be routed too (to the order's account, or to every
+    account): otherwise a deployment with several accounts fails where one account works."""
+    public = {name for name in vars(StateStore) if not name.startswith("_") and callable(getattr(StateStore, name))}
+    missing = sorted(name for name in public if not hasattr(ShardedStateStore, name))
+    assert missing == [], f"route these in adapters/accounts.py: {missing}"
