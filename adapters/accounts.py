@@ -150,7 +150,8 @@ class ShardedStateStore:
         self, *, indexed_before: datetime | None = None, id_prefix: str | None = None
     ) -> list[tuple[str, datetime, str]]:
         """Every account's in-flight orders, by order id."""
-        return list(heapq.merge(*self._each(lambda s: s.active_ids(indexed_before=indexed_before, id_prefix=id_prefix))))
+        found = self._each(lambda s: s.active_ids(indexed_before=indexed_before, id_prefix=id_prefix))
+        return list(heapq.merge(*found))
 
     def in_flight(self, *, limit: int) -> tuple[list[OrderState], bool]:
         found = self._each(lambda s: s.in_flight(limit=limit))

@@ -18,7 +18,9 @@ DEV_ACCOUNT = "devstoreaccount1"
 DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
-def development_storage(blob: int = 10000, queue: int = 10001, table: int = 10002, *, account: str = DEV_ACCOUNT) -> str:
+def development_storage(
+    blob: int = 10000, queue: int = 10001, table: int = 10002, *, account: str = DEV_ACCOUNT
+) -> str:
     """The connection string of an account (the development account by default) of an
     Azurite on 127.0.0.1 with these ports. Every account of the local stack has the
     development account's well-known key (devtools/azurite.py)."""

@@ -490,9 +490,10 @@ def cheapest(rate: float, c: Counts, limits: Limits, *, max_utilisation: float =
              stamp_tolerance: float = STAMP_TOLERANCE) -> Result:
     """The cheapest shape that holds ``rate`` with every resource at or below
     ``max_utilisation``: Standard or Premium (messaging units), the tables in the host's
-    account or in accounts of their own (as many as they need), each instance size, the fewest shards and instances. More stamps split the
-    messaging units finer, which can save a little: a shape with fewer stamps is kept
-    unless the one with more costs ``stamp_tolerance`` (10%) less."""
+    account or in accounts of their own (as many as they need), each instance size, the
+    fewest shards and instances. More stamps split the messaging units finer, which can
+    save a little: a shape with fewer stamps is kept unless the one with more costs
+    ``stamp_tolerance`` (10%) less."""
     by_stamps: dict[int, Result] = {}
     tiers = [("Standard", 1)] + [("Premium", mu) for mu in (1, 2, 4, 8, 16)]
     for stamps in range(1, max_stamps + 1):
@@ -700,7 +701,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="steps per order (default: the measured workflow's)")
     parser.add_argument("--shape", help="key=value,... of serviceBusSku, serviceBusCapacity, serviceBusPartitions, "
                         "separateStateStorage, stateStorageAccounts, maximumInstanceCount, instanceMemoryMB, "
-                        "activeIndexShards, serviceBusMaxConcurrentCalls, schedulerQueues, stamps (default: the cheapest shape that holds the load)")
+                        "activeIndexShards, serviceBusMaxConcurrentCalls, schedulerQueues, stamps "
+                        "(default: the cheapest shape that holds the load)")
     parser.add_argument("--max-utilisation", type=float, default=MAX_UTILISATION,
                         help="the share of each limit the cheapest shape may use (default 0.8)")
     parser.add_argument("--order-seconds", type=float, default=1.0,

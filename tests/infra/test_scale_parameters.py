@@ -158,9 +158,11 @@ def test_several_state_accounts_each_hold_the_tables_and_the_app_lists_them_in_o
         state_names.append(str(account.name))
     (host_module,) = resources.modules["storage"]
     assert host_module.of_type(TABLE) == []  # the scheduler's queues stay in the host's account
-    assert {role for role, *_ in assignments(host_module)} == {"Storage Blob Data Owner", "Storage Queue Data Contributor"}
+    host_roles = {role for role, *_ in assignments(host_module)}
+    assert host_roles == {"Storage Blob Data Owner", "Storage Queue Data Contributor"}
     # Distinct names of at most 24 characters: sts + the 13-character resource token + the index.
-    assert "i == 0 ? 'sts${resourceToken}' : 'sts${resourceToken}${i}'" in (ROOT / "infra" / "resources.bicep").read_text()
+    template = (ROOT / "infra" / "resources.bicep").read_text()
+    assert "i == 0 ? 'sts${resourceToken}' : 'sts${resourceToken}${i}'" in template
 
     settings = app_settings_of(deployed)
     assert settings[names.STATE_STORAGE_ACCOUNTS_SETTING] == ",".join(state_names)

@@ -102,7 +102,9 @@ def settings(accounts: str) -> Settings:
 
 
 def test_the_accounts_setting_takes_names_uris_and_connection_strings():
-    s = settings(" stateone , https://statetwo.table.core.windows.net,AccountName=x;AccountKey=y;TableEndpoint=http://h/x")
+    s = settings(
+        " stateone , https://statetwo.table.core.windows.net,AccountName=x;AccountKey=y;TableEndpoint=http://h/x"
+    )
     assert s.state_accounts() == ("stateone", "https://statetwo.table.core.windows.net",
                                   "AccountName=x;AccountKey=y;TableEndpoint=http://h/x")
 

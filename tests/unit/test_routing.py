@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from core import names
+from tests import ROOT
 
 IDS = [f"order-{i:06d}" for i in range(16_000)]
 
@@ -17,9 +18,10 @@ IDS = [f"order-{i:06d}" for i in range(16_000)]
 def test_the_spread_is_stable_across_processes():
     """Not Python's salted hash(): another interpreter puts the same ids in the same places."""
     code = ("from core import names; ids=[f'order-{i:06d}' for i in range(50)]; "
-            "print([(names.scheduler_queue_shard(i), names.state_account(i, 5), names.active_shard(i, 16)) for i in ids])")
+            "print([(names.scheduler_queue_shard(i), names.state_account(i, 5), names.active_shard(i, 16)) "
+            "for i in ids])")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={"PYTHONHASHSEED": "12345"}, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+                           env={"PYTHONHASHSEED": "12345"}, cwd=str(ROOT))
     here = [(names.scheduler_queue_shard(i), names.state_account(i, 5), names.active_shard(i, 16)) for i in IDS[:50]]
     assert other.stdout.strip() == str(here)
 
