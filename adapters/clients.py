@@ -10,7 +10,7 @@ from azure.core.pipeline.transport import RequestsTransport
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from adapters.settings import Settings
+from adapters.settings import Settings, state_account_kind
 
 #: Azurite's development account: the fixed name and key that every storage emulator
 #: accepts, published in Microsoft's Azurite docs. Not a secret; it opens nothing in Azure.
@@ -18,14 +18,18 @@ DEV_ACCOUNT = "devstoreaccount1"
 DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
-def development_storage(blob: int = 10000, queue: int = 10001, table: int = 10002) -> str:
-    """The connection string of an Azurite on 127.0.0.1 with these ports."""
+def development_storage(
+    blob: int = 10000, queue: int = 10001, table: int = 10002, *, account: str = DEV_ACCOUNT
+) -> str:
+    """The connection string of an account (the development account by default) of an
+    Azurite on 127.0.0.1 with these ports. Every account of the local stack has the
+    development account's well-known key (devtools/azurite.py)."""
     host = "http://127.0.0.1"
     return (
-        f"DefaultEndpointsProtocol=http;AccountName={DEV_ACCOUNT};AccountKey={DEV_KEY};"
-        f"BlobEndpoint={host}:{blob}/{DEV_ACCOUNT};"
-        f"QueueEndpoint={host}:{queue}/{DEV_ACCOUNT};"
-        f"TableEndpoint={host}:{table}/{DEV_ACCOUNT};"
+        f"DefaultEndpointsProtocol=http;AccountName={account};AccountKey={DEV_KEY};"
+        f"BlobEndpoint={host}:{blob}/{account};"
+        f"QueueEndpoint={host}:{queue}/{account};"
+        f"TableEndpoint={host}:{table}/{account};"
     )
 
 
@@ -74,8 +78,6 @@ def credential(client_id: str | None, *, aio: bool = False):
 def table_service(settings: Settings):
     """The app's tables: in the order state's own account when ``StateStorage`` names one
     (docs/scale.md), else in the host's ``AzureWebJobsStorage`` account."""
-    from azure.data.tables import TableServiceClient
-
     if settings.state_storage_connection_string or settings.state_storage_account_name or settings.state_storage_table_service_uri:
         connection, account, uri, client_id = (
             settings.state_storage_connection_string, settings.state_storage_account_name,
@@ -86,9 +88,37 @@ def table_service(settings: Settings):
             settings.storage_connection_string, settings.storage_account_name,
             settings.storage_table_service_uri, settings.storage_client_id,
         )
+    return _table_service(connection, uri or (account and _table_endpoint(account)), client_id)
+
+
+def state_table_services(settings: Settings) -> list:
+    """One table service per account of the order state, in ``STATE_STORAGE_ACCOUNTS``'
+    order (adapters/accounts.py); without that setting, :func:`table_service`'s one. In
+    Azure the accounts are reached with the identity ``StateStorage__clientId`` names
+    (else ``AzureWebJobsStorage__clientId``'s)."""
+    accounts = settings.state_accounts()
+    if not accounts:
+        return [table_service(settings)]
+    client_id = settings.state_storage_client_id or settings.storage_client_id
+    services = []
+    for item in accounts:
+        kind = state_account_kind(item)
+        if kind == "connection":
+            services.append(_table_service(item, None, None))
+        else:
+            services.append(_table_service(None, item if kind == "uri" else _table_endpoint(item), client_id))
+    return services
+
+
+def _table_endpoint(account: str) -> str:
+    return f"https://{account}.table.core.windows.net"
+
+
+def _table_service(connection: str | None, endpoint: str | None, client_id: str | None):
+    from azure.data.tables import TableServiceClient
+
     if connection:
         return TableServiceClient.from_connection_string(storage_connection_string(connection), transport=transport())
-    endpoint = uri or f"https://{account}.table.core.windows.net"
     return TableServiceClient(endpoint, credential=credential(client_id), transport=transport())
 
 

@@ -1,5 +1,5 @@
 """Sending messages: agent requests/responses, status events and alerts on Service Bus,
-and scheduler nudges on the storage queue.
+and scheduler nudges on the storage queues.
 
 One :class:`Publisher` per process holds one ``ServiceBusClient`` and one sender per
 queue, reused across invocations (opening a link per message would cost a round trip
@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
@@ -20,6 +21,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from pydantic import BaseModel
 
 from adapters import telemetry
+from core import names
 from core.models import AgentRequest, AgentResponse, Alert, Nudge, StatusEvent
 
 log = logging.getLogger(__name__)
@@ -222,17 +224,25 @@ def _response_message(response: AgentResponse) -> ServiceBusMessage:
 
 
 class Nudger:
-    """Puts nudges on the scheduler's storage queue (base64, as the Functions host reads them),
-    each with the current span's trace context."""
+    """Puts nudges on the scheduler's storage queues (base64, as the Functions host reads them),
+    each with the current span's trace context. An order's nudges all go to one queue, the
+    one its id picks (``core.names.scheduler_queue_shard``): ``queues`` holds one client per
+    shard, in shard order."""
 
-    def __init__(self, queue_client) -> None:
-        self.queue = queue_client
+    def __init__(self, queues: Sequence) -> None:
+        if len(queues) != names.SCHEDULER_QUEUE_SHARDS:
+            raise ValueError(f"the scheduler has {names.SCHEDULER_QUEUE_SHARDS} queues, not {len(queues)}")
+        self.queues = tuple(queues)
         self.ops: Counter[str] = Counter()
+
+    def queue_for(self, order_id: str):
+        """The client of the queue ``order_id``'s nudges go to."""
+        return self.queues[names.scheduler_queue_shard(order_id)]
 
     def nudge(self, nudge: Nudge, *, delay: timedelta = timedelta(0)) -> None:
         seconds = max(0, min(int(delay.total_seconds() + 0.999), 7 * 24 * 3600 - 1))
         body = telemetry.stamp(nudge).model_dump_json(exclude_none=True)
-        self.queue.send_message(body, visibility_timeout=seconds or None)
+        self.queue_for(nudge.order_id).send_message(body, visibility_timeout=seconds or None)
         self.ops["nudge"] += 1
         telemetry.message_sent("storage_queue", "nudge")
 

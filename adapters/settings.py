@@ -7,6 +7,7 @@ Functions host from indexing any function, so nothing here runs on import.
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
 from functools import lru_cache
 from typing import Annotated
@@ -48,6 +49,10 @@ class Settings(BaseSettings):
     state_storage_account_name: str | None = _setting(f"{names.STATE_STORAGE_CONNECTION}__accountName", None)
     state_storage_table_service_uri: str | None = _setting(f"{names.STATE_STORAGE_CONNECTION}__tableServiceUri", None)
     state_storage_client_id: str | None = _setting(f"{names.STATE_STORAGE_CONNECTION}__clientId", None)
+    #: Optional: the order state over several accounts (adapters/accounts.py), comma-separated:
+    #: account names or table service URIs (identity-based), or connection strings (locally).
+    #: Fixed for the deployment's life: an order lives in the account its id picks.
+    state_storage_accounts: str | None = _setting(names.STATE_STORAGE_ACCOUNTS_SETTING, None)
 
     servicebus_connection_string: str | None = _setting(names.SERVICEBUS_CONNECTION, None)
     servicebus_namespace: str | None = _setting(f"{names.SERVICEBUS_CONNECTION}__fullyQualifiedNamespace", None)
@@ -59,7 +64,11 @@ class Settings(BaseSettings):
     requests_queues: dict[str, str] = Field(default_factory=dict, validation_alias=AliasChoices("REQUESTS_QUEUES"))
     agent_responses_queue: str = _setting(names.AGENT_RESPONSES_QUEUE_SETTING, names.AGENT_RESPONSES_QUEUE)
     alerts_queue: str = _setting(names.ALERTS_QUEUE_SETTING, names.ALERTS_QUEUE)
+    #: The single scheduler queue of before the sharding (drained by ``schedule_order``).
     scheduler_queue: str = _setting(names.SCHEDULER_QUEUE_SETTING, names.SCHEDULER_QUEUE)
+    #: The scheduler's queues by shard (app settings ``SCHEDULER_QUEUE_<n>``): an order's
+    #: nudges go to the one ``names.scheduler_queue_shard`` picks.
+    scheduler_queues: tuple[str, ...] = Field(default=(), validation_alias=AliasChoices("SCHEDULER_QUEUES"))
     orders_table: str = _setting(names.ORDERS_TABLE_SETTING, names.ORDERS_TABLE)
     rejections_table: str = _setting(names.REJECTIONS_TABLE_SETTING, names.REJECTIONS_TABLE)
 
@@ -149,7 +158,10 @@ class Settings(BaseSettings):
             if url := setting(names.remote_url_setting(remote)):
                 urls.setdefault(remote, url)
             queues.setdefault(remote, setting(names.requests_queue_setting(remote)) or names.requests_queue(remote))
-        return {**data, "REMOTE_URLS": urls, "REQUESTS_QUEUES": queues}
+        schedulers = tuple(
+            setting(setting_name) or name for name, setting_name in names.SCHEDULER_QUEUES
+        )
+        return {**data, "REMOTE_URLS": urls, "REQUESTS_QUEUES": queues, "SCHEDULER_QUEUES": schedulers}
 
     def remote_url(self, remote: str) -> str:
         """The base URL of a remote service; raises :class:`MissingSetting` naming the setting."""
@@ -159,6 +171,13 @@ class Settings(BaseSettings):
                 f"no base URL for remote service {remote!r}: set the app setting {names.remote_url_setting(remote)}"
             )
         return url
+
+    def state_accounts(self) -> tuple[str, ...]:
+        """The order state's accounts as listed in ``STATE_STORAGE_ACCOUNTS`` (empty when
+        unset: one account, ``StateStorage``'s or the host's). Checked when settings are read."""
+        if not self.state_storage_accounts:
+            return ()
+        return tuple(item.strip() for item in self.state_storage_accounts.split(","))
 
     def own_queues(self) -> frozenset[str]:
         """The app's own Service Bus queues (a submitter's ReplyTo may not name one)."""
@@ -200,12 +219,51 @@ class Settings(BaseSettings):
                 f"no storage connection: set {names.STORAGE_CONNECTION} (a connection string, "
                 f"e.g. UseDevelopmentStorage=true) or {names.STORAGE_CONNECTION}__accountName"
             )
+        _check_state_accounts(self.state_accounts())
         if not (self.servicebus_connection_string or self.servicebus_namespace):
             raise ValueError(
                 f"no Service Bus connection: set {names.SERVICEBUS_CONNECTION} (a connection string) "
                 f"or {names.SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"
             )
         return self
+
+
+#: A storage account's name: 3 to 24 lower-case letters and digits.
+_ACCOUNT_NAME = re.compile(r"^[a-z0-9]{3,24}$")
+
+
+def state_account_kind(item: str) -> str:
+    """What one entry of ``STATE_STORAGE_ACCOUNTS`` is: ``connection`` (a connection string),
+    ``uri`` (a table service URI) or ``name`` (an account name); raises ValueError otherwise."""
+    if "=" in item:
+        return "connection"
+    if item.startswith(("https://", "http://")):
+        return "uri"
+    if _ACCOUNT_NAME.match(item):
+        return "name"
+    raise ValueError(
+        f"{item!r} is not a storage account name (3-24 lower-case letters and digits), a table service "
+        "URI (https://...) or a connection string (...;AccountName=...;...)"
+    )
+
+
+def _check_state_accounts(items: tuple[str, ...]) -> None:
+    """Refuse a malformed ``STATE_STORAGE_ACCOUNTS``: an order's account is picked from the
+    list's length and order, so a list read wrongly would look for orders where they are not."""
+    if not items:
+        return
+    setting = names.STATE_STORAGE_ACCOUNTS_SETTING
+    if any(not item for item in items):
+        raise ValueError(f"{setting} has an empty entry: a comma-separated list of accounts, no empty items")
+    if len(items) > names.MAX_STATE_STORAGE_ACCOUNTS:
+        raise ValueError(f"{setting} lists {len(items)} accounts; at most {names.MAX_STATE_STORAGE_ACCOUNTS}")
+    if len(set(items)) != len(items):
+        raise ValueError(f"{setting} lists an account twice: each order would have two homes")
+    for item in items:
+        try:
+            state_account_kind(item)
+        except ValueError as error:
+            raise ValueError(f"{setting}: {error}") from error
 
 
 @lru_cache(maxsize=1)

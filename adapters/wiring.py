@@ -19,6 +19,7 @@ from azure.core.exceptions import HttpResponseError, ServiceResponseError
 from pydantic import BaseModel
 
 from adapters import clients, telemetry
+from adapters.accounts import ShardedStateStore, check_layout, state_store
 from adapters.messaging import Nudger, Publisher
 from adapters.settings import Settings, get_settings
 from adapters.store import RejectionStore, StateStore
@@ -30,7 +31,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class Services:
     settings: Settings
-    store: StateStore
+    #: The order state: one account's store, or the router over several (same interface).
+    store: StateStore | ShardedStateStore
     rejections: RejectionStore
     publisher: Publisher
     nudger: Nudger
@@ -38,13 +40,18 @@ class Services:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Services:
-        tables = clients.table_service(settings)
-        for name in (settings.orders_table, settings.rejections_table):
-            _ensure_table(tables, name)
-        nudges = clients.queue_client(settings, settings.scheduler_queue)
+        accounts = clients.state_table_services(settings)
+        tables = accounts[0]  # the rejections, and the breakers' rows, in the first
+        _ensure_table(tables, settings.rejections_table)
+        for account in accounts:
+            _ensure_table(account, settings.orders_table)
+        orders = [account.get_table_client(settings.orders_table) for account in accounts]
+        check_layout(orders)  # the same accounts in the same order as when the orders were written
+        nudges = [clients.queue_client(settings, queue) for queue in settings.scheduler_queues]
         return cls(
             settings=settings,
-            store=StateStore(tables.get_table_client(settings.orders_table), shards=settings.active_index_shards),
+            # One account: its store; several: each order in the one its id picks (adapters/accounts.py).
+            store=state_store([StateStore(table, shards=settings.active_index_shards) for table in orders]),
             rejections=RejectionStore(tables.get_table_client(settings.rejections_table)),
             publisher=Publisher(clients.servicebus_client(settings)),
             nudger=Nudger(nudges),

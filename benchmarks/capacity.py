@@ -24,10 +24,12 @@ The model, stated once (docs/scale.md explains each line):
   messaging unit (Microsoft's benchmark figure, ingress and egress counted together).
 - Tables: the hottest active-index shard takes its share of the index rows written
   (each order upserts and deletes one), against 2,000 entities/s per partition; an
-  order's own partition takes its entities over the order's lifetime; the state account
-  takes every table request (with the storage queues too unless ``separateStateStorage``),
-  against 20,000 requests/s.
-- The scheduler's storage queue: messages enqueued/s against 2,000.
+  order's own partition takes its entities over the order's lifetime; each state account
+  takes its share of the table requests (``stateStorageAccounts``, orders spread evenly by
+  id; with the storage queues too when the tables share the host's account), against
+  20,000 requests/s; the host's account takes the storage-queue operations.
+- The scheduler's storage queues: messages enqueued/s on one of the ``schedulerQueues``
+  (core/names.py, orders spread evenly by id) against 2,000.
 - Functions: an instance is busy per order for the longer of the host's CPU time over
   the instance's cores and the executions' waits (``--io-ms`` each, plus ``--remote-ms``
   for an agent's call) over its concurrency (``serviceBusMaxConcurrentCalls``);
@@ -285,7 +287,16 @@ class Shape:
     instanceMemoryMB: int = 2048  # noqa: N815
     activeIndexShards: int = DEFAULT_SHARDS  # noqa: N815
     serviceBusMaxConcurrentCalls: int = 16  # noqa: N815
+    #: The order state's accounts (STATE_STORAGE_ACCOUNTS); above 1, each an account of its own.
+    stateStorageAccounts: int = 1  # noqa: N815
+    #: The scheduler's storage queues: a constant of the app (core/names.py), here for what-ifs.
+    schedulerQueues: int = names.SCHEDULER_QUEUE_SHARDS  # noqa: N815
     stamps: int = 1
+
+    @property
+    def state_accounts(self) -> int:
+        """Accounts of the order state apart from the host's (0: the tables are in the host's)."""
+        return self.stateStorageAccounts if self.stateStorageAccounts > 1 else int(self.separateStateStorage)
 
     def check(self) -> Shape:
         if self.serviceBusSku not in ("Standard", "Premium"):
@@ -297,7 +308,11 @@ class Shape:
                                 f"not {self.serviceBusCapacity}")
         if self.instanceMemoryMB not in (512, 2048, 4096):
             raise CapacityError(f"instanceMemoryMB must be 512, 2048 or 4096, not {self.instanceMemoryMB}")
-        for name in ("maximumInstanceCount", "activeIndexShards", "serviceBusMaxConcurrentCalls", "stamps"):
+        if not 1 <= self.stateStorageAccounts <= names.MAX_STATE_STORAGE_ACCOUNTS:
+            raise CapacityError(f"stateStorageAccounts must be 1 to {names.MAX_STATE_STORAGE_ACCOUNTS}, not "
+                                f"{self.stateStorageAccounts}")
+        for name in ("maximumInstanceCount", "activeIndexShards", "serviceBusMaxConcurrentCalls", "schedulerQueues",
+                     "stamps"):
             if getattr(self, name) < 1:
                 raise CapacityError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.maximumInstanceCount > 1000:
@@ -409,12 +424,14 @@ def evaluate(rate: float, shape: Shape, c: Counts, limits: Limits, *, order_seco
     use("table.partition.order", (c.table_entities - c.index_entities) / order_seconds, partition,
         f"entities/s in one order's partition (its rows over {order_seconds:g} s)")
     account = limits["storage.account.requests_per_second"]
-    if shape.separateStateStorage:
-        use("storage.account.state", r * c.table_requests, account, "requests/s (tables)")
+    if shape.state_accounts:
+        use("storage.account.state", r * c.table_requests / shape.state_accounts, account,
+            f"requests/s (tables) on each of {shape.state_accounts} state account(s)")
         use("storage.account.host", r * c.queue_operations, account, "requests/s (storage queues)")
     else:
         use("storage.account", r * (c.table_requests + c.queue_operations), account, "requests/s (tables + queues)")
-    use("queue.scheduler", r * c.queue_sends, limits["queue.messages_per_second"], "messages/s enqueued")
+    use("queue.scheduler", r * c.queue_sends / shape.schedulerQueues, limits["queue.messages_per_second"],
+        f"messages/s enqueued on each of {shape.schedulerQueues} scheduler queue(s)")
     # Functions.
     cores = limits[f"functions.flex.cores.{shape.instanceMemoryMB}"]
     busy = max(c.cpu_seconds / cores, c.execution_seconds / shape.serviceBusMaxConcurrentCalls)
@@ -444,10 +461,17 @@ def evaluate(rate: float, shape: Shape, c: Counts, limits: Limits, *, order_seco
 
 def _sized(rate: float, shape: Shape, c: Counts, limits: Limits, ceiling: float, order_seconds: float) -> Shape | None:
     """``shape`` with the app's default index shards, or more if they do not hold the load
-    within ``ceiling`` (shards cost a query per tick, nothing per order), and an
-    instance ceiling twice the busy instances (at most 1,000); None if nothing does."""
-    probe = evaluate(rate, replace(shape, activeIndexShards=1, maximumInstanceCount=1000), c, limits,
-                     order_seconds=order_seconds)
+    within ``ceiling`` (shards cost a query per tick, nothing per order), as many state
+    accounts as the tables' requests need when the state has accounts of its own (they cost
+    nothing per account: transactions are billed, not accounts), and an instance ceiling
+    twice the busy instances (at most 1,000); None if nothing does."""
+    probe = evaluate(rate, replace(shape, activeIndexShards=1, maximumInstanceCount=1000, stateStorageAccounts=1),
+                     c, limits, order_seconds=order_seconds)
+    accounts = 1
+    if shape.separateStateStorage:
+        accounts = max(1, math.ceil(probe.utilisation["storage.account.state"] / ceiling - 1e-9))
+        if accounts > names.MAX_STATE_STORAGE_ACCOUNTS:
+            return None
     shards = DEFAULT_SHARDS
     while probe.utilisation["table.partition.active_index_shard"] / shards > ceiling:
         shards *= 2
@@ -458,17 +482,18 @@ def _sized(rate: float, shape: Shape, c: Counts, limits: Limits, ceiling: float,
     # The ceiling costs nothing (instances are billed while busy): twice what is busy, so
     # that it is not what saturates first, unless 1,000 is less.
     maximum = min(1000, max(40, math.ceil(2 * probe.instances / 10) * 10))
-    return replace(shape, activeIndexShards=shards, maximumInstanceCount=maximum)
+    return replace(shape, activeIndexShards=shards, maximumInstanceCount=maximum, stateStorageAccounts=accounts)
 
 
 def cheapest(rate: float, c: Counts, limits: Limits, *, max_utilisation: float = MAX_UTILISATION,
              order_seconds: float = 1.0, max_stamps: int = 256, concurrency: int = 16,
              stamp_tolerance: float = STAMP_TOLERANCE) -> Result:
     """The cheapest shape that holds ``rate`` with every resource at or below
-    ``max_utilisation``: Standard or Premium (messaging units), one storage account or
-    two, each instance size, the fewest shards and instances. More stamps split the
-    messaging units finer, which can save a little: a shape with fewer stamps is kept
-    unless the one with more costs ``stamp_tolerance`` (10%) less."""
+    ``max_utilisation``: Standard or Premium (messaging units), the tables in the host's
+    account or in accounts of their own (as many as they need), each instance size, the
+    fewest shards and instances. More stamps split the messaging units finer, which can
+    save a little: a shape with fewer stamps is kept unless the one with more costs
+    ``stamp_tolerance`` (10%) less."""
     by_stamps: dict[int, Result] = {}
     tiers = [("Standard", 1)] + [("Premium", mu) for mu in (1, 2, 4, 8, 16)]
     for stamps in range(1, max_stamps + 1):
@@ -501,7 +526,8 @@ def _total(result: Result) -> float:
 
 
 #: One deployment at its largest: what ``--ceiling`` and docs/scale.md measure a stamp by.
-LARGEST = Shape(serviceBusSku="Premium", serviceBusCapacity=16, separateStateStorage=True, maximumInstanceCount=1000)
+LARGEST = Shape(serviceBusSku="Premium", serviceBusCapacity=16, separateStateStorage=True, stateStorageAccounts=8,
+                maximumInstanceCount=1000)
 
 
 def ceiling(shape: Shape, c: Counts, limits: Limits, *, max_utilisation: float = MAX_UTILISATION,
@@ -566,7 +592,9 @@ def _shape_text(shape: Shape) -> str:
         f"Premium {shape.serviceBusCapacity} MU" + (f", {shape.serviceBusPartitions} partitions"
                                                     if shape.serviceBusPartitions > 1 else ""))
     stamps = f"{shape.stamps} stamps × (" if shape.stamps > 1 else ""
-    storage = "2 accounts" if shape.separateStateStorage else "1 account"
+    storage = (f"host account + {shape.state_accounts} state account" + ("s" if shape.state_accounts > 1 else "")
+               if shape.state_accounts else "1 account")
+    storage += f", {shape.schedulerQueues} scheduler queues"
     shards = f"{shape.activeIndexShards} index shard" + ("s" if shape.activeIndexShards > 1 else "")
     return (f"{stamps}Service Bus {sb}; {storage}; {shards}; "
             f"≤ {shape.maximumInstanceCount} × {shape.instanceMemoryMB} MB instances" + (")" if shape.stamps > 1 else ""))
@@ -672,8 +700,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--orders-per-second", type=float, help="the load, in orders/s")
     parser.add_argument("--steps", type=int, help="steps per order (default: the measured workflow's)")
     parser.add_argument("--shape", help="key=value,... of serviceBusSku, serviceBusCapacity, serviceBusPartitions, "
-                        "separateStateStorage, maximumInstanceCount, instanceMemoryMB, activeIndexShards, "
-                        "serviceBusMaxConcurrentCalls, stamps (default: the cheapest shape that holds the load)")
+                        "separateStateStorage, stateStorageAccounts, maximumInstanceCount, instanceMemoryMB, "
+                        "activeIndexShards, serviceBusMaxConcurrentCalls, schedulerQueues, stamps "
+                        "(default: the cheapest shape that holds the load)")
     parser.add_argument("--max-utilisation", type=float, default=MAX_UTILISATION,
                         help="the share of each limit the cheapest shape may use (default 0.8)")
     parser.add_argument("--order-seconds", type=float, default=1.0,

@@ -80,7 +80,7 @@ class SweepBench:
         self.table: TableClient = tables.get_table_client(table)
         self.store = StateStore(self.table)
         self.publisher = Publisher(clients.servicebus_client(settings))
-        self.nudger = Nudger(clients.queue_client(settings, names.SCHEDULER_QUEUE))
+        self.nudger = Nudger([clients.queue_client(settings, queue) for queue, _ in names.SCHEDULER_QUEUES])
         self.history = 0
 
     def close(self) -> None:

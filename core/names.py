@@ -21,8 +21,15 @@ STORAGE_CONNECTION = "AzureWebJobsStorage"
 #: Optional: a storage account of its own for the order state (the app's tables), apart
 #: from the Functions host's. Unset, the tables live in ``AzureWebJobsStorage``'s account.
 #: Locally a connection string; in Azure ``StateStorage__tableServiceUri`` (identity-based).
-#: The scheduler's storage queue stays with the host's account (docs/scale.md says why).
+#: The scheduler's storage queues stay with the host's account (docs/scale.md says why).
 STATE_STORAGE_CONNECTION = "StateStorage"
+#: Optional: the order state spread over several storage accounts, a comma-separated list
+#: (adapters/accounts.py): in Azure account names or table service URIs (identity-based, with
+#: ``StateStorage__clientId``), locally connection strings. Each order lives in the account
+#: :func:`state_account` picks; the list is fixed for the deployment's life (docs/scale.md).
+STATE_STORAGE_ACCOUNTS_SETTING = "STATE_STORAGE_ACCOUNTS"
+#: At most this many state accounts (a subscription holds 250 accounts per region by default).
+MAX_STATE_STORAGE_ACCOUNTS = 64
 #: Service Bus connection. Locally a connection string; in Azure the identity-based
 #: ``ServiceBusConnection__fullyQualifiedNamespace`` form.
 SERVICEBUS_CONNECTION = "ServiceBusConnection"
@@ -32,6 +39,7 @@ SERVICEBUS_CONNECTION = "ServiceBusConnection"
 ORDERS_QUEUE_SETTING = "ORDERS_QUEUE"
 AGENT_RESPONSES_QUEUE_SETTING = "AGENT_RESPONSES_QUEUE"
 ALERTS_QUEUE_SETTING = "ALERTS_QUEUE"
+#: The scheduler's single queue of before the sharding, still read (drained) by ``schedule_order``.
 SCHEDULER_QUEUE_SETTING = "SCHEDULER_QUEUE"
 ORDERS_TABLE_SETTING = "ORDERS_TABLE"
 REJECTIONS_TABLE_SETTING = "REJECTIONS_TABLE"
@@ -75,14 +83,62 @@ DEFAULT_ACTIVE_INDEX_SHARDS = 16
 MAX_ACTIVE_INDEX_SHARDS = 256
 
 
+#: Which 8-byte slice of the order id's SHA-256 each spread reads: independent slices, so
+#: the index shards spread evenly within each state account, and the queues over both.
+_INDEX_SLICE, _ACCOUNT_SLICE, _QUEUE_SLICE = 0, 1, 2
+
+
+def order_slot(order_id: str, count: int, *, slice_: int) -> int:
+    """A stable spread of order ids over ``count`` places: 8 bytes (slice ``slice_``) of the
+    SHA-256 of the id, modulo ``count``. Stable across processes and versions (never
+    Python's ``hash()``, which is salted per process)."""
+    digest = hashlib.sha256(order_id.encode()).digest()
+    return int.from_bytes(digest[8 * slice_ : 8 * slice_ + 8], "big") % count
+
+
 def active_shard(order_id: str, shards: int) -> int:
     """The shard of an order's index row: the first 8 bytes of the SHA-256 of its id,
-    modulo the shard count. Stable across processes and versions (never Python's ``hash()``,
-    which is salted per process)."""
+    modulo the shard count."""
     if not 1 <= shards <= MAX_ACTIVE_INDEX_SHARDS:
         raise ValueError(f"the active index has 1 to {MAX_ACTIVE_INDEX_SHARDS} shards, not {shards}")
-    digest = hashlib.sha256(order_id.encode()).digest()
-    return int.from_bytes(digest[:8], "big") % shards
+    return order_slot(order_id, shards, slice_=_INDEX_SLICE)
+
+
+def state_account(order_id: str, accounts: int) -> int:
+    """The storage account (its place in ``STATE_STORAGE_ACCOUNTS``) an order lives in."""
+    if not 1 <= accounts <= MAX_STATE_STORAGE_ACCOUNTS:
+        raise ValueError(f"the order state has 1 to {MAX_STATE_STORAGE_ACCOUNTS} accounts, not {accounts}")
+    return order_slot(order_id, accounts, slice_=_ACCOUNT_SLICE)
+
+
+# --- The scheduler's storage queues: one per shard, an order's nudges all in one ---------
+# A storage queue takes ~2,000 messages/s (docs/scale.md); the nudges of order X always go
+# to scheduler_queue(scheduler_queue_shard(X)), each queue read by a function of its own
+# (scheduler/blueprint.py). A constant, not a setting: functions are declared at import.
+
+#: 8 queues x 2,000 messages/s: ~12,800 orders/s at 80% (an order enqueues ~1 nudge), above
+#: what one deployment's other limits allow (docs/scale.md, "The scheduler's queues, sharded").
+SCHEDULER_QUEUE_SHARDS = 8
+
+
+def scheduler_queue_shard(order_id: str) -> int:
+    """The scheduler queue an order's nudges go to."""
+    return order_slot(order_id, SCHEDULER_QUEUE_SHARDS, slice_=_QUEUE_SLICE)
+
+
+def scheduler_queue(shard: int) -> str:
+    """One of the scheduler's queues, e.g. ``scheduler-3``."""
+    return f"{SCHEDULER_QUEUE}-{shard}"
+
+
+def scheduler_queue_setting(shard: int) -> str:
+    """The app setting that names that queue, e.g. ``SCHEDULER_QUEUE_3``."""
+    return f"{SCHEDULER_QUEUE_SETTING}_{shard}"
+
+
+def schedule_function(shard: int) -> str:
+    """The scheduler function on that queue, e.g. ``schedule_order_3``."""
+    return f"schedule_order_{shard}"
 
 
 def active_partition(shard: int) -> str:
@@ -169,9 +225,14 @@ SERVICEBUS_QUEUES: tuple[ServiceBusQueueSpec, ...] = (
     ServiceBusQueueSpec(ALERTS_QUEUE, ALERTS_QUEUE_SETTING, default_ttl=timedelta(days=7), duplicate_detection=True),
 )
 
-#: Storage queues (the scheduler's nudges). The Functions host moves a message that
-#: keeps failing to ``<name>-poison``.
-STORAGE_QUEUES: tuple[tuple[str, str], ...] = ((SCHEDULER_QUEUE, SCHEDULER_QUEUE_SETTING),)
+#: The scheduler's queues, by shard: (queue name, app setting).
+SCHEDULER_QUEUES: tuple[tuple[str, str], ...] = tuple(
+    (scheduler_queue(shard), scheduler_queue_setting(shard)) for shard in range(SCHEDULER_QUEUE_SHARDS)
+)
+#: Storage queues (the scheduler's nudges): the shards, and the single queue of before the
+#: sharding (nothing is sent there any more; ``schedule_order`` drains what an upgrade left
+#: in it). The Functions host moves a message that keeps failing to ``<name>-poison``.
+STORAGE_QUEUES: tuple[tuple[str, str], ...] = (*SCHEDULER_QUEUES, (SCHEDULER_QUEUE, SCHEDULER_QUEUE_SETTING))
 POISON_SUFFIX = "-poison"
 
 TABLES: tuple[tuple[str, str], ...] = (

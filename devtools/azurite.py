@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from adapters.clients import development_storage
+from adapters.clients import DEV_ACCOUNT, DEV_KEY, development_storage
 from devtools.paths import ROOT
 
 AZURITE_BIN = ROOT / "node_modules" / ".bin" / "azurite"
@@ -35,9 +35,18 @@ class Azurite:
     ports: dict[str, int]
     output: list[str]
 
+    #: Accounts served besides the development account (``start(accounts=...)``).
+    accounts: tuple[str, ...] = ()
+
     @property
     def connection_string(self) -> str:
         return development_storage(self.ports["Blob"], self.ports["Queue"], self.ports["Table"])
+
+    def account_connection_string(self, account: str) -> str:
+        """The connection string of one of the other accounts this Azurite serves."""
+        if account not in self.accounts:
+            raise AzuriteError(f"this Azurite serves no account {account!r} (it serves {', '.join(self.accounts)})")
+        return development_storage(self.ports["Blob"], self.ports["Queue"], self.ports["Table"], account=account)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -49,13 +58,21 @@ class Azurite:
                 self.process.wait(timeout=10)
 
 
-def start(ports: dict[str, int] | None = None, timeout: float = 60.0, *, debug_log: Path | None = None) -> Azurite:
+#: Accounts the local stack's Azurite serves besides the development account: the order
+#: state over several accounts (adapters/accounts.py) runs locally on these.
+STATE_ACCOUNTS = ("devstatestore1", "devstatestore2", "devstatestore3", "devstatestore4")
+
+
+def start(ports: dict[str, int] | None = None, timeout: float = 60.0, *, debug_log: Path | None = None,
+          accounts: tuple[str, ...] = STATE_ACCOUNTS) -> Azurite:
     """Start Azurite (blob, queue and table) in memory; raise AzuriteError if it can't.
 
     ``ports`` picks fixed ports (e.g. the well-known 10000-10002); by default every
     service binds a free port. ``debug_log`` makes Azurite write its debug log (one
     ``Operation=...`` line per request, used by the benchmarks to count operations)
-    to that file; it slows Azurite down, so it is off by default.
+    to that file; it slows Azurite down, so it is off by default. ``accounts``: accounts
+    served besides the development account, all with its well-known key (Azurite's
+    ``AZURITE_ACCOUNTS``, which replaces the default account, so that one is listed too).
     """
     if not AZURITE_BIN.exists():
         raise AzuriteError(
@@ -71,12 +88,16 @@ def start(ports: dict[str, int] | None = None, timeout: float = 60.0, *, debug_l
         args += [f"--{key}Host", "127.0.0.1", f"--{key}Port", str(port)]
     if debug_log is not None:
         args += ["--debug", str(debug_log)]
+    env = dict(os.environ)
+    if accounts:
+        env["AZURITE_ACCOUNTS"] = ";".join(f"{name}:{DEV_KEY}" for name in (DEV_ACCOUNT, *accounts))
     process = subprocess.Popen(
         args,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        env=env,
     )
     found: dict[str, int] = {}
     output: list[str] = []
@@ -99,7 +120,7 @@ def start(ports: dict[str, int] | None = None, timeout: float = 60.0, *, debug_l
     while not ready.wait(0.1):
         if time.monotonic() > deadline:
             break
-    azurite = Azurite(process, found, output)
+    azurite = Azurite(process, found, output, tuple(accounts))
     if len(found) != 3:
         azurite.stop()
         raise AzuriteError("Azurite did not start within %.0f s. Its output:\n%s" % (timeout, "\n".join(output)))

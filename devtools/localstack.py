@@ -136,6 +136,9 @@ class LocalStack:
     storage_faults_seed: int = 1
     #: Azure's Service Bus push-back injected by the emulator (None: none).
     servicebus_faults: ServiceBusFaults | None = None
+    #: Accounts of Azurite the order state is spread over (1: the development account, as
+    #: before; more: ``devtools.azurite.STATE_ACCOUNTS``' first ones, in STATE_STORAGE_ACCOUNTS).
+    state_accounts: int = 1
     #: Each host writes its spans and metric points as JSON lines beside its log
     #: (``spans-host-N.jsonl``, ``metrics-host-N.jsonl``; docs/observability.md).
     telemetry: bool = True
@@ -290,8 +293,20 @@ class LocalStack:
             names.WORKER_THREADS_SETTING: str(names.WORKER_THREADS),
             # The status API without auth: the hosts listen on loopback only (core/access.py).
             names.API_AUTH_SETTING: "none",
+            **self._state_accounts(),
             **self.settings,
         }
+
+    def _state_accounts(self) -> dict[str, str]:
+        """STATE_STORAGE_ACCOUNTS for ``state_accounts`` > 1: connection strings of Azurite's
+        extra accounts (the hosts create the orders table in each on first use)."""
+        if self.state_accounts <= 1:
+            return {}
+        accounts = azurite_launcher.STATE_ACCOUNTS[: self.state_accounts]
+        if len(accounts) < self.state_accounts:
+            raise StackError(f"the local stack has {len(azurite_launcher.STATE_ACCOUNTS)} state accounts at most")
+        value = ",".join(self.azurite.account_connection_string(account) for account in accounts)
+        return {names.STATE_STORAGE_ACCOUNTS_SETTING: value}
 
     def start_hosts(self, count: int, timeout: float = 60.0) -> None:
         started = []

@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from core.workflow import remotes
+from devtools import azurite
 from devtools.localstack import SERVICEBUS_FAULTS_HELP, LocalStack, servicebus_faults_option
 from devtools.paths import ROOT
 from tools.storage_faults import KINDS as STORAGE_FAULT_KINDS
@@ -68,6 +69,10 @@ def main(
                           "Default: my-status."),
     ] = None,
     hosts: Annotated[int, typer.Option(min=1, max=4, help="Local Functions host processes.")] = 1,
+    state_accounts: Annotated[
+        int, typer.Option(min=1, max=len(azurite.STATE_ACCOUNTS),
+                          help="Storage accounts of Azurite the order state is spread over (STATE_STORAGE_ACCOUNTS).")
+    ] = 1,
     servicebus_port: Annotated[int, typer.Option(help="Service Bus emulator port.")] = 5672,
     remote_port: Annotated[int, typer.Option(help="Fake remote service port.")] = 7081,
     api_port: Annotated[
@@ -95,6 +100,7 @@ def main(
         log_dir=log_dir,
         storage_faults=storage_faults_option(storage_faults),
         servicebus_faults=servicebus_faults_option(servicebus_faults),
+        state_accounts=state_accounts,
     )
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())

@@ -126,6 +126,11 @@ param serviceBusPartitions int = 1
 param separateStateStorage bool = false
 
 @minValue(1)
+@maxValue(64)
+@description('Storage accounts the order state is spread over (STATE_STORAGE_ACCOUNTS), each order in the one a hash of its id picks; ~2,300 orders/s each (docs/scale.md). 1: one account (the host\'s, or separateStateStorage\'s). Fixed for the deployment\'s life.')
+param stateStorageAccounts int = 1
+
+@minValue(1)
 @maxValue(1000)
 @description('Service Bus messages each instance handles at once, per Service Bus trigger (host.json extensions.serviceBus.maxConcurrentCalls, overridden by an app setting).')
 param serviceBusMaxConcurrentCalls int = 16
@@ -176,6 +181,7 @@ module resources 'resources.bicep' = {
     serviceBusCapacity: serviceBusCapacity
     serviceBusPartitions: serviceBusPartitions
     separateStateStorage: separateStateStorage
+    stateStorageAccounts: stateStorageAccounts
     serviceBusMaxConcurrentCalls: serviceBusMaxConcurrentCalls
     activeIndexShards: activeIndexShards
     apiClientId: apiClientId
@@ -192,6 +198,7 @@ output AZURE_FUNCTION_APP_NAME string = resources.outputs.AZURE_FUNCTION_APP_NAM
 output SERVICE_APP_NAME string = resources.outputs.AZURE_FUNCTION_APP_NAME
 output AZURE_STORAGE_ACCOUNT_NAME string = resources.outputs.AZURE_STORAGE_ACCOUNT_NAME
 output AZURE_STATE_STORAGE_ACCOUNT_NAME string = resources.outputs.AZURE_STATE_STORAGE_ACCOUNT_NAME
+output AZURE_STATE_STORAGE_ACCOUNT_NAMES string = resources.outputs.AZURE_STATE_STORAGE_ACCOUNT_NAMES
 output AZURE_SERVICEBUS_NAMESPACE_NAME string = resources.outputs.AZURE_SERVICEBUS_NAMESPACE_NAME
 output AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = resources.outputs.AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE
 output AZURE_MANAGED_IDENTITY_CLIENT_ID string = resources.outputs.AZURE_MANAGED_IDENTITY_CLIENT_ID

@@ -7,8 +7,9 @@
 //                  remoteInventoryUrl=<url> remotePaymentsUrl=<url> remoteShippingUrl=<url>
 //
 //   ├─ user-assigned managed identity  (the app's only credential: no keys anywhere)
-//   ├─ storage account                 (host storage, deployment package, state tables, scheduler queue)
-//   ├─ (separateStateStorage) a second storage account for the state tables alone
+//   ├─ storage account                 (host storage, deployment package, state tables, scheduler queues)
+//   ├─ (separateStateStorage) a second storage account for the state tables alone, or
+//   │  (stateStorageAccounts > 1) that many, each order's rows in the one its id picks
 //   ├─ Service Bus namespace, Standard or Premium (orders, one <remote>-requests queue per
 //   │                                   remote service, agent-responses, alerts)
 //   ├─ Log Analytics + Application Insights (Entra ID ingestion only; the app reads
@@ -129,6 +130,11 @@ param serviceBusPartitions int = 1
 param separateStateStorage bool = false
 
 @minValue(1)
+@maxValue(64)
+@description('STATE_STORAGE_ACCOUNTS: storage accounts the order state is spread over, each order in the one a hash of its id picks (adapters/accounts.py); ~2,300 orders/s each. 1: one account (the host\'s, or the separate one of separateStateStorage). Above 1: that many accounts of their own (separateStateStorage implied). Fixed for the deployment\'s life: orders live where they were created.')
+param stateStorageAccounts int = 1
+
+@minValue(1)
 @maxValue(1000)
 @description('Service Bus messages each instance handles at once, per Service Bus trigger (host.json extensions.serviceBus.maxConcurrentCalls, overridden by an app setting).')
 param serviceBusMaxConcurrentCalls int = 16
@@ -160,6 +166,14 @@ var ordersQueueName = 'orders'
 var agentResponsesQueueName = 'agent-responses'
 var alertsQueueName = 'alerts'
 var schedulerQueueName = 'scheduler'
+// The scheduler's queues, one per shard (core/names.py SCHEDULER_QUEUE_SHARDS: an order's
+// nudges all go to the queue its id picks, each queue read by a function of its own), and
+// the single queue of before the sharding, still read so an upgrade loses no nudge.
+// (range, map, toObject and join: Bicep's array and lambda functions,
+// learn.microsoft.com/azure/azure-resource-manager/bicep/bicep-functions-array, read 2026-11-24.)
+var schedulerQueueShards = 8
+var schedulerShardQueueNames = map(range(0, schedulerQueueShards), shard => '${schedulerQueueName}-${shard}')
+var schedulerQueueSettings = toObject(range(0, schedulerQueueShards), shard => 'SCHEDULER_QUEUE_${shard}', shard => '${schedulerQueueName}-${shard}')
 var ordersTableName = 'orders'
 var rejectionsTableName = 'rejections'
 
@@ -327,37 +341,47 @@ module storage 'core/storage/storage-account.bicep' = {
     // The Functions host moves a nudge that failed maxDequeueCount times (host.json)
     // to <queue>-poison. Provisioned up front so it exists, empty, where the operator
     // looks. (A poisoned nudge loses no order: the supervisor re-nudges the row.)
-    queueNames: [
-      schedulerQueueName
-      '${schedulerQueueName}-poison'
-    ]
-    tableNames: separateStateStorage ? [] : stateTableNames
+    queueNames: concat(
+      concat(schedulerShardQueueNames, [schedulerQueueName]),
+      map(concat(schedulerShardQueueNames, [schedulerQueueName]), queue => '${queue}-poison')
+    )
+    tableNames: stateAccountCount > 0 ? [] : stateTableNames
     dataPrincipals: dataPrincipals
   }
 }
 
-// The order state in an account of its own: ~10 table requests per order no longer share
-// the host account's request-rate target with the host and the scheduler's queue (~3
-// queue operations per order), which stays with the host (its trigger's connection is the
-// host's). Tables only: the app and the developer get Storage Table Data Contributor here.
-module stateStorage 'core/storage/storage-account.bicep' = if (separateStateStorage) {
-  name: 'stateStorage'
+// The order state in accounts of its own: ~7 table requests per order no longer share the
+// host account's request-rate target with the host and the scheduler's queues (~2 queue
+// operations per order), which stay with the host (their triggers' connection is the
+// host's; docs/scale.md says why the capacity model keeps them there). One account
+// (separateStateStorage), or stateStorageAccounts of them, each order in the one its id
+// picks. Tables only: the app and the developer get Storage Table Data Contributor there.
+var stateAccountCount = stateStorageAccounts > 1 ? stateStorageAccounts : (separateStateStorage ? 1 : 0)
+var stateAccountNames = map(range(0, stateAccountCount), i => i == 0 ? 'sts${resourceToken}' : 'sts${resourceToken}${i}')
+module stateStorage 'core/storage/storage-account.bicep' = [for accountName in stateAccountNames: {
+  name: 'stateStorage-${accountName}'
   params: {
-    name: 'sts${resourceToken}'
+    name: accountName
     location: location
     tags: tags
     queueNames: []
     tableNames: stateTableNames
     dataPrincipals: dataPrincipals
   }
-}
+}]
 
-// The app's tables through StateStorage (adapters/clients.py), identity-based like the others.
-var stateStorageSettings = separateStateStorage ? {
-  StateStorage__accountName: 'sts${resourceToken}'
+// The app's tables, identity-based like the others: one state account through StateStorage
+// (adapters/clients.py), several through STATE_STORAGE_ACCOUNTS (their names, in order:
+// never reorder them) with the identity StateStorage__clientId names.
+var stateStorageSettings = stateAccountCount == 1 ? {
+  StateStorage__accountName: stateAccountNames[0]
   StateStorage__credential: 'managedidentity'
   StateStorage__clientId: identity.outputs.clientId
-} : {}
+} : (stateAccountCount > 1 ? {
+  STATE_STORAGE_ACCOUNTS: join(stateAccountNames, ',')
+  StateStorage__credential: 'managedidentity'
+  StateStorage__clientId: identity.outputs.clientId
+} : {})
 
 module serviceBus 'core/messaging/service-bus.bicep' = {
   name: 'serviceBus'
@@ -442,7 +466,7 @@ module functionApp 'app/function-app.bicep' = {
       // (adapters/traces.py), as the app identity (Log Analytics Reader, granted in
       // core/monitor/monitoring.bicep).
       APPLICATIONINSIGHTS_WORKSPACE_ID: monitoring.outputs.logAnalyticsWorkspaceId
-    }, requestsQueueSettings, remoteUrlSettings, stateStorageSettings)
+    }, requestsQueueSettings, schedulerQueueSettings, remoteUrlSettings, stateStorageSettings)
   }
 }
 
@@ -482,8 +506,10 @@ module workbook 'app/workbook.bicep' = {
 
 output AZURE_FUNCTION_APP_NAME string = functionApp.outputs.name
 output AZURE_STORAGE_ACCOUNT_NAME string = storage.outputs.name
-// Where the order state is: the state account when there is one, else the host's.
-output AZURE_STATE_STORAGE_ACCOUNT_NAME string = separateStateStorage ? 'sts${resourceToken}' : storage.outputs.name
+// Where the order state is: the (first) state account when there is one, else the host's.
+output AZURE_STATE_STORAGE_ACCOUNT_NAME string = stateAccountCount > 0 ? stateAccountNames[0] : storage.outputs.name
+// Every account of the order state, comma-separated, in STATE_STORAGE_ACCOUNTS' order.
+output AZURE_STATE_STORAGE_ACCOUNT_NAMES string = stateAccountCount > 0 ? join(stateAccountNames, ',') : storage.outputs.name
 output AZURE_SERVICEBUS_NAMESPACE_NAME string = serviceBus.outputs.name
 output AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
 output AZURE_MANAGED_IDENTITY_CLIENT_ID string = identity.outputs.clientId

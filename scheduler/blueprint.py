@@ -38,8 +38,7 @@ def scheduler(s: Services) -> dispatch.Scheduler:
     arg_name="msg", queue_name=f"%{names.ORDERS_QUEUE_SETTING}%", connection=names.SERVICEBUS_CONNECTION,
     data_type=func.DataType.BINARY,
 )
-@bp.queue_output(arg_name="nudge", queue_name=f"%{names.SCHEDULER_QUEUE_SETTING}%", connection=names.STORAGE_CONNECTION)
-def submit_order(msg: func.ServiceBusMessage, nudge: func.Out[str]) -> None:
+def submit_order(msg: func.ServiceBusMessage) -> None:
     s = services()
     # The client's trace context (traceparent, or Diagnostic-Id) is the order trace's parent.
     with telemetry.entry(names.SPAN_SUBMIT, telemetry.parent_from_properties(msg.application_properties)):
@@ -58,12 +57,11 @@ def submit_order(msg: func.ServiceBusMessage, nudge: func.Out[str]) -> None:
             trace_parent=telemetry.traceparent(),
         )
         if result.nudge is not None:
-            nudge.set(telemetry.stamp(result.nudge).model_dump_json(exclude_none=True))
+            # To the order's own scheduler queue (an output binding names one queue only).
+            s.nudger.nudge(result.nudge)
 
 
-@bp.function_name("schedule_order")
-@bp.queue_trigger(arg_name="msg", queue_name=f"%{names.SCHEDULER_QUEUE_SETTING}%", connection=names.STORAGE_CONNECTION)
-def schedule_order(msg: func.QueueMessage) -> None:
+def handle_nudge(msg: func.QueueMessage) -> None:
     # A nudge that cannot be acted on (malformed, or claiming what the app never sends) is
     # dropped with a log line and counted: that loses no order (the supervisor re-nudges
     # every Pending row whose deadline passes). README, "Failure handling".
@@ -72,6 +70,31 @@ def schedule_order(msg: func.QueueMessage) -> None:
         s = services()
         with telemetry.entry(names.SPAN_SCHEDULE, dispatch.trace_parent_of(nudge), order_id=nudge.order_id):
             dispatch.schedule(nudge, scheduler=scheduler(s), now=utcnow())
+
+
+def bind_queue(blueprint: func.Blueprint, function_name: str, setting: str, schedule) -> None:
+    """Register ``schedule`` as ``function_name``, triggered by the storage queue ``%setting%`` names."""
+    schedule.__name__ = schedule.__qualname__ = function_name
+    blueprint.function_name(function_name)(
+        blueprint.queue_trigger(arg_name="msg", queue_name=f"%{setting}%", connection=names.STORAGE_CONNECTION)(
+            schedule
+        )
+    )
+
+
+def _register(function_name: str, setting: str) -> None:
+    def schedule_order(msg: func.QueueMessage) -> None:
+        handle_nudge(msg)
+
+    bind_queue(bp, function_name, setting, schedule_order)
+
+
+# One function per scheduler queue (names.SCHEDULER_QUEUES), so each queue is read, and
+# scaled, on its own; and ``schedule_order`` on the single queue of before the sharding,
+# which nothing sends to any more: it drains what an upgrade found there (docs/scale.md).
+for _shard, (_, _setting_name) in enumerate(names.SCHEDULER_QUEUES):
+    _register(names.schedule_function(_shard), _setting_name)
+_register("schedule_order", names.SCHEDULER_QUEUE_SETTING)
 
 
 @bp.function_name("complete_step")

@@ -51,3 +51,13 @@ class Captured:
 
     def get(self):
         return self.value
+
+
+def every_page(store, state, *, limit: int) -> list[str]:
+    """The order ids of every page of ``store.page_by_state(state)``, following the cursor."""
+    ids, after = [], None
+    while True:
+        page, after = store.page_by_state(state, limit=limit, after=after)
+        ids += [s.order_id for s in page]
+        if after is None:
+            return ids

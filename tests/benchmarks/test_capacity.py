@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks import azurite_log, capacity
 from benchmarks.capacity import CapacityError, Limits, Shape
+from core import names
 from core.workflow import CURRENT
 
 STEPS = len(CURRENT.steps)
@@ -133,6 +134,45 @@ def test_a_separate_state_account_splits_the_requests(counts, limits):
     assert "storage.account" not in split.utilisation
 
 
+def test_state_accounts_and_scheduler_queues_divide_their_load(counts, limits):
+    """Orders spread evenly by id: each of A state accounts takes 1/A of the table requests,
+    each of the scheduler's queues 1/K of the nudges; the host's account keeps the queues' operations."""
+    one = capacity.evaluate(2000, Shape(separateStateStorage=True), counts, limits)
+    four = capacity.evaluate(2000, Shape(separateStateStorage=True, stateStorageAccounts=4), counts, limits)
+    assert four.utilisation["storage.account.state"] == pytest.approx(one.utilisation["storage.account.state"] / 4)
+    assert four.utilisation["storage.account.host"] == pytest.approx(one.utilisation["storage.account.host"])
+    # More than one state account means accounts of their own, separateStateStorage or not.
+    assert capacity.evaluate(2000, Shape(stateStorageAccounts=4), counts, limits).utilisation == four.utilisation
+    single = capacity.evaluate(2000, Shape(schedulerQueues=1), counts, limits)
+    shares = single.utilisation["queue.scheduler"] / names.SCHEDULER_QUEUE_SHARDS
+    assert one.utilisation["queue.scheduler"] == pytest.approx(shares)
+    assert Shape().schedulerQueues == names.SCHEDULER_QUEUE_SHARDS, "the app's own count by default"
+
+
+def test_the_search_gives_the_state_as_many_accounts_as_it_needs(counts, limits):
+    rate, base = 5000, Shape(serviceBusSku="Premium", serviceBusCapacity=16, separateStateStorage=True)
+    shape = capacity._sized(rate, base, counts, limits, capacity.MAX_UTILISATION, 1.0)
+    per_account = limits["storage.account.requests_per_second"] * capacity.MAX_UTILISATION
+    assert shape.stateStorageAccounts == math.ceil(rate * counts.table_requests / per_account) > 1
+    def state_share(s: Shape) -> float:
+        return capacity.evaluate(rate, s, counts, limits).utilisation["storage.account.state"]
+
+    assert state_share(shape) <= capacity.MAX_UTILISATION
+    assert state_share(replace(shape, stateStorageAccounts=shape.stateStorageAccounts - 1)) > capacity.MAX_UTILISATION
+
+
+def test_one_deployment_is_no_longer_capped_by_its_queue_or_its_state_account(counts, limits):
+    """The largest stamp: 8 state accounts and the app's 8 scheduler queues; what caps it is
+    the region's Flex memory quota and the namespace, well past the single queue's ~1,600."""
+    rates = capacity.ceiling(capacity.LARGEST, counts, limits)
+    first = next(iter(rates))
+    assert first in ("functions.regional_memory_quota", "servicebus.namespace"), rates
+    assert rates["queue.scheduler"] >= 10_000 and rates["storage.account.state"] >= 10_000
+    single = capacity.ceiling(replace(capacity.LARGEST, schedulerQueues=1, stateStorageAccounts=1), counts, limits)
+    assert rates["queue.scheduler"] == pytest.approx(names.SCHEDULER_QUEUE_SHARDS * single["queue.scheduler"])
+    assert rates["storage.account.state"] == pytest.approx(8 * single["storage.account.state"])
+
+
 def test_a_cheapest_shape_holds_10000_orders_per_second(counts, limits):
     result = capacity.cheapest(10_000, counts, limits)
     assert result.holds(capacity.MAX_UTILISATION)
@@ -222,6 +262,8 @@ def test_without_a_shape_it_prints_the_cheapest_and_steps_scale(capsys):
     ("maximumInstanceCount=5000", "at most 1000"),
     ("activeIndexShards=zero", "whole number"),
     ("separateStateStorage=yes", "true or false"),
+    ("stateStorageAccounts=0", "stateStorageAccounts must be 1 to"),
+    ("stateStorageAccounts=65", "stateStorageAccounts must be 1 to"),
     ("noSuchParameter=1", "key=value pairs"),
 ])
 def test_a_bad_shape_is_refused_with_a_clear_error(capsys, shape, message):

@@ -441,6 +441,8 @@ class _Scope:
             "toUpper": str.upper,
             "length": len,
             "take": lambda v, n: v[:n],
+            "range": lambda start, count: list(range(start, start + count)),
+            "join": lambda items, delimiter: delimiter.join(str(item) for item in items),
             "contains": lambda container, item: item in container,
             "replace": str.replace,
             "format": lambda fmt, *values: re.sub(r"\{(\d+)\}", lambda m: str(values[int(m.group(1))]), fmt),

@@ -132,6 +132,25 @@ def test_storage_queues_and_poison_queues_match_core_names(deployment):
     assert names_of(deployment, STORAGE_QUEUE) == expected
 
 
+def test_every_scheduler_queue_is_read_by_one_function_of_its_own(function_bindings, deployed_settings, deployment):
+    """One queue-triggered scheduler function per shard (and ``schedule_order`` on the queue of
+    before the sharding), each on the queue its %SCHEDULER_QUEUE_<n>% setting names, all in
+    the host's account; nothing else reads them, and no function writes to one by binding
+    (the Nudger picks the order's queue)."""
+    readers: dict[str, list[str]] = {}
+    for function, bindings in function_bindings.items():
+        for binding in bindings:
+            if binding["type"] == "queueTrigger":
+                readers.setdefault(resolve(binding["queueName"], deployed_settings), []).append(function)
+                assert binding.get("connection") == names.STORAGE_CONNECTION, function
+            assert binding["type"] != "queue", f"{function}: nudges go through the Nudger, to the order's queue"
+    expected = {name: [names.schedule_function(shard)] for shard, (name, _) in enumerate(names.SCHEDULER_QUEUES)}
+    expected[names.SCHEDULER_QUEUE] = ["schedule_order"]
+    assert readers == expected
+    assert len(names.SCHEDULER_QUEUES) == names.SCHEDULER_QUEUE_SHARDS
+    assert {deployed_settings[setting] for _, setting in names.SCHEDULER_QUEUES} <= names_of(deployment, STORAGE_QUEUE)
+
+
 def test_tables_match_core_names(deployment):
     assert names_of(deployment, TABLE) == {name for name, _ in names.TABLES}
 

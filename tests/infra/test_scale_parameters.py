@@ -142,3 +142,48 @@ def test_the_shard_count_is_a_parameter_with_the_apps_default_and_bounds(deploye
 def test_each_scale_parameter_is_explained_in_docs_scale(param):
     scale = (ROOT / "docs" / "scale.md").read_text()
     assert f"`{param}`" in scale, f"docs/scale.md does not explain {param}"
+
+
+def test_several_state_accounts_each_hold_the_tables_and_the_app_lists_them_in_order(monkeypatch):
+    deployed = deploy(stateStorageAccounts=3)
+    resources = deployed.modules["resources"][0]
+    state_modules = resources.modules["stateStorage"]
+    assert len(state_modules) == 3 and len(deployed.of_type(ACCOUNT)) == 4  # and the host's
+    state_names = []
+    for module in state_modules:
+        (account,) = module.of_type(ACCOUNT)
+        assert account.properties["allowSharedKeyAccess"] is False, "Entra ID only"
+        assert {t.name for t in module.of_type(TABLE)} == {name for name, _ in names.TABLES}
+        assert {role for role, *_ in assignments(module)} == {"Storage Table Data Contributor"}
+        state_names.append(str(account.name))
+    (host_module,) = resources.modules["storage"]
+    assert host_module.of_type(TABLE) == []  # the scheduler's queues stay in the host's account
+    host_roles = {role for role, *_ in assignments(host_module)}
+    assert host_roles == {"Storage Blob Data Owner", "Storage Queue Data Contributor"}
+    # Distinct names of at most 24 characters: sts + the 13-character resource token + the index.
+    template = (ROOT / "infra" / "resources.bicep").read_text()
+    assert "i == 0 ? 'sts${resourceToken}' : 'sts${resourceToken}${i}'" in template
+
+    settings = app_settings_of(deployed)
+    assert settings[names.STATE_STORAGE_ACCOUNTS_SETTING] == ",".join(state_names)
+    assert f"{names.STATE_STORAGE_CONNECTION}__accountName" not in settings  # one way to name the state
+    assert settings[f"{names.STATE_STORAGE_CONNECTION}__credential"] == "managedidentity"
+    for key in list(settings):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in settings.items():
+        monkeypatch.setenv(key, value if isinstance(value, str) else f"placeholder-for-{key}")
+    # The names are deploy-time values (the resource token): placeholders of the same shape.
+    monkeypatch.setenv(names.STATE_STORAGE_ACCOUNTS_SETTING, "stsabcdefghijklm,stsabcdefghijklm1,stsabcdefghijklm2")
+    built = Settings()
+    assert len(built.state_accounts()) == 3 and built.state_storage_client_id
+    assert deployed.outputs["AZURE_STATE_STORAGE_ACCOUNT_NAMES"] is not None
+
+
+def test_the_state_account_count_has_the_apps_bounds_and_one_is_todays_shape(deployment):
+    for template in (MAIN, ROOT / "infra" / "resources.bicep"):
+        lines = template.read_text().splitlines()
+        (at,) = [i for i, line in enumerate(lines) if line.startswith("param stateStorageAccounts int = 1")]
+        assert f"@maxValue({names.MAX_STATE_STORAGE_ACCOUNTS})" in lines[at - 2] and "@minValue(1)" in lines[at - 3]
+    assert len(deployment.of_type(ACCOUNT)) == 1
+    assert names.STATE_STORAGE_ACCOUNTS_SETTING not in app_settings_of(deployment)
+    assert "`stateStorageAccounts`" in (ROOT / "docs" / "scale.md").read_text()

@@ -185,7 +185,8 @@ def test_resubmit_an_error_order_and_refuse_any_other(api, app_settings, storage
     state = services().store.get("e-2")
     assert state.process_state is ProcessState.PENDING and state.failure_count == 0
     assert "e-2" in {order_id for order_id, _, _ in services().store.active_ids()}  # back under supervision
-    queue = QueueClient.from_connection_string(storage_connection_string, app_settings[names.SCHEDULER_QUEUE_SETTING])
+    its_queue = app_settings[names.scheduler_queue_setting(names.scheduler_queue_shard("e-2"))]  # the order's own
+    queue = QueueClient.from_connection_string(storage_connection_string, its_queue)
     nudges = [json.loads(base64.b64decode(m.content)) for m in queue.receive_messages(max_messages=32)]
     assert [n["order_id"] for n in nudges] == ["e-2"]  # the scheduler is asked to go on
     # A second resubmit finds it Pending.

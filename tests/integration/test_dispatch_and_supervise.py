@@ -10,7 +10,6 @@ import threading
 from datetime import timedelta
 
 import pytest
-from azure.storage.queue import QueueClient
 
 from adapters import wiring
 from adapters.wiring import services
@@ -21,16 +20,18 @@ from devtools.orders import order_json
 from scheduler import dispatch
 from scheduler.blueprint import scheduler, submit_order
 from supervisor.supervision import NotResubmittable, policy_from, resubmit, sweep
-from tests.factories import Captured, servicebus_message
+from tests.factories import servicebus_message
+from tests.fixtures.app import take_nudges, waiting_nudges
 from tests.servicebus_helpers import bodies, receive
 
 submit_handler = submit_order.build().get_user_function()
 
 
 def submit(order_id: str, reply_to: str | None = None) -> Nudge:
-    nudge = Captured()
-    submit_handler(servicebus_message(order_json(order_id), message_id=order_id, reply_to=reply_to), nudge)
-    return Nudge.model_validate_json(nudge.value)
+    """Submit, and take the nudge the submission put on the order's scheduler queue."""
+    submit_handler(servicebus_message(order_json(order_id), message_id=order_id, reply_to=reply_to))
+    (nudge,) = take_nudges(services().nudger)
+    return nudge
 
 
 def schedule(nudge: Nudge, now=None, instance="i1"):
@@ -63,11 +64,7 @@ def answer(request: AgentRequest, outcome=Outcome.SUCCEEDED, **fields) -> AgentR
 
 
 def nudges_waiting(include_invisible=False) -> list[Nudge]:
-    queue: QueueClient = services().nudger.queue
-    props = queue.get_queue_properties()
-    if include_invisible:
-        return [None] * props.approximate_message_count
-    return [Nudge.model_validate_json(m.content) for m in queue.peek_messages(max_messages=32)]
+    return waiting_nudges(services().nudger, include_invisible=include_invisible)
 
 
 def test_schedule_claims_once_and_sends_a_request_that_expires_at_complete_by(app_settings, servicebus_emulator):
@@ -176,7 +173,8 @@ def test_supervisor_resets_with_backoff_then_gives_up_and_the_scheduler_undoes_t
         assert (state.process_state, state.failure_count, state.locked_by) == (ProcessState.PENDING, failure, None)
         # The retry nudge is delayed by the backoff: invisible for now.
         assert nudges_waiting() == [] and len(nudges_waiting(include_invisible=True)) >= 1
-        s.nudger.queue.clear_messages()
+        for queue in s.nudger.queues:
+            queue.clear_messages()
         schedule(Nudge(order_id="o-6"), now=now + timedelta(seconds=300))
         now += timedelta(seconds=300)
     now += s.settings.step_timeout + timedelta(seconds=1)

@@ -13,13 +13,19 @@ from adapters.wiring import services
 from devtools.orders import order_json
 from scheduler.blueprint import submit_order
 from tests.factories import Captured, servicebus_message
+from tests.fixtures.app import take_nudges
 
 handler = submit_order.build().get_user_function()
 
 
 def submit(body: bytes, **properties) -> Captured:
+    """Submit, and capture the nudge the submission put on its order's scheduler queue (if any)."""
+    handler(servicebus_message(body, **properties))
     nudge = Captured()
-    handler(servicebus_message(body, **properties), nudge)
+    taken = take_nudges(services().nudger)
+    assert len(taken) <= 1, taken
+    if taken:
+        nudge.set(taken[0].model_dump_json(exclude_none=True))
     return nudge
 
 
