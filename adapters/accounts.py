@@ -84,6 +84,11 @@ class ShardedStateStore:
         """Table operations by kind, every account's together."""
         return sum((store.ops for store in self.stores), Counter())
 
+    @property
+    def recognised(self) -> Counter[str]:
+        """Writes reported failed but found applied, by kind, every account's together."""
+        return sum((store.recognised for store in self.stores), Counter())
+
     def store_for(self, order_id: str) -> StateStore:
         """The store of the account ``order_id`` lives in."""
         return self.stores[names.state_account(order_id, len(self.stores))]
@@ -110,8 +115,10 @@ class ShardedStateStore:
     def get_order(self, order_id: str) -> OrderRequest:
         return self.store_for(order_id).get_order(order_id)
 
-    def write(self, current: OrderState, new: OrderState, lines: Sequence[LineRecord] = ()) -> OrderState:
-        return self.store_for(new.order_id).write(current, new, lines)
+    def write(
+        self, current: OrderState, new: OrderState, lines: Sequence[LineRecord] = (), *, consume: str | None = None
+    ) -> OrderState:
+        return self.store_for(new.order_id).write(current, new, lines, consume=consume)
 
     def transition(
         self, current: OrderState, new: OrderState | None, lines: Sequence[LineRecord] = ()
