@@ -230,10 +230,14 @@ def postpone(
     failures = state.failure_count + 1
     counted = f"postponed {postponements} times in a row, counted as a failed attempt; last: {reason}"
     if state.max_failures is not None and failures >= state.max_failures:
-        # Out of failures: hand the line back at once for the scheduler's give-up.
+        # Out of failures: hand the line back for the scheduler's give-up, but not before the
+        # postponed attempt's Complete-By. Service Bus delivers at least once: its request may
+        # still reach an agent whose breaker is closed and act until then, and an undo that
+        # ran first would be overtaken by what it undoes (found by the protocol model).
         given_up = _error(f"gave up after {failures} failed attempts; {counted}")
-        changes = {"gave_up": True, "complete_by": now + pending_timeout, "last_error": given_up}
-        wait = timedelta(0)
+        settled = max(now, state.complete_by)
+        changes = {"gave_up": True, "complete_by": settled + pending_timeout, "last_error": given_up}
+        wait = settled - now
     else:
         changes = {"last_error": _error(counted), "complete_by": now + wait + pending_timeout}
     return Transition(

@@ -513,6 +513,29 @@ def test_a_line_postponed_again_and_again_counts_failures_and_ends_in_the_failur
     assert w.lines()[("charge", Kind.ACTION)] is LineState.EXHAUSTED
 
 
+def test_a_line_given_up_while_postponed_is_handed_back_only_once_its_attempt_can_no_longer_act():
+    """Service Bus delivers at least once: the postponed attempt's request may reach an agent
+    whose breaker is closed and act until its Complete-By, so the give-up (and the undo it
+    starts) waits until then (a case the protocol model found, tests/unit/test_protocol_model.py)."""
+    w = World()
+    w.submit()
+    claimed = w.state()
+    request = w.last
+    response = AgentResponse(
+        order_id=request.order_id, step=request.step, kind=request.kind, attempt=request.attempt,
+        outcome=Outcome.POSTPONED, context=request.context, retry_after_seconds=1.0, error="inventory unavailable",
+    )
+    last_failure = claimed.model_copy(update={"failure_count": claimed.max_failures - 1})
+    pending = timedelta(seconds=30)
+    handed_back = lifecycle.postpone(last_failure, response, w.now, pending, max_postponements=1)
+    assert handed_back.state.gave_up and handed_back.state.process_state is ProcessState.PENDING
+    assert handed_back.nudge_delay == claimed.complete_by - w.now > timedelta(0)
+    assert handed_back.state.complete_by == claimed.complete_by + pending
+    # Past its Complete-By the attempt can no longer act: handed back at once.
+    late = w.now + (claimed.complete_by - w.now) + timedelta(seconds=1)
+    assert lifecycle.postpone(last_failure, response, late, pending, max_postponements=1).nudge_delay == timedelta(0)
+
+
 def test_postponements_are_counted_per_line():
     w = World()
     w.submit()
