@@ -30,6 +30,7 @@ _BATCH = re.compile(r"^\S+ (\S+) debug: TableHandler:batch\(\) Raw request strin
 _SUB_METHOD = re.compile(r"(POST|PUT|PATCH|MERGE|DELETE) \S+ HTTP/1\.1")
 _SUB_ROW = re.compile(r"RowKey='([^']*)'|RowKey\\?\": \\?\"([^\"\\]*)")
 _KEYS = re.compile(r"\(PartitionKey='([^']*)',\s*RowKey='([^']*)'\)")
+#: The active index's partitions (``_active-000`` … and the unsharded ``_active`` of before).
 _INDEX_PARTITION = "_active"
 _LINE_PREFIXES = ("step-", "undo-")
 
@@ -37,12 +38,13 @@ _LINE_PREFIXES = ("step-", "undo-")
 STEP_TRANSACTION = "step transaction (state row If-Match + the step's row)"
 SUBMISSION = "submission transaction (order + state rows)"
 STATE_MERGE = "state row If-Match MERGE (a claim, or the supervisor)"
+FIRST_CLAIM = "first claim transaction (state row If-Match + the first-claim seal's deletion)"
 INDEX_UPSERT = "index upsert"
 INDEX_DELETE = "index delete"
 INDEX_QUERY = "index query (the supervisor's sweep)"
 POINT_READ = "point read"
 QUERY = "query (a partition or a scan)"
-ROLES = (STEP_TRANSACTION, SUBMISSION, STATE_MERGE, INDEX_UPSERT, INDEX_DELETE, INDEX_QUERY, POINT_READ, QUERY)
+ROLES = (STEP_TRANSACTION, SUBMISSION, FIRST_CLAIM, STATE_MERGE, INDEX_UPSERT, INDEX_DELETE, INDEX_QUERY, POINT_READ, QUERY)
 #: The roles that read.
 READS = (INDEX_QUERY, POINT_READ, QUERY)
 
@@ -87,18 +89,20 @@ def role_of(operation: str, url: str, rows: list[tuple[str, str]]) -> str | None
             return STEP_TRANSACTION
         if any(key == "order" for _, key in rows):
             return SUBMISSION
+        if any(key.startswith("first-claim-") for _, key in rows):
+            return FIRST_CLAIM
         return "other transaction"
     if operation == "Table_MergeEntity" and row == "state":
         return STATE_MERGE
-    index = partition == _INDEX_PARTITION
+    index = partition is not None and partition.startswith(_INDEX_PARTITION)
     if index and operation in ("Table_UpdateEntity", "Table_InsertEntity", "Table_InsertOrMergeEntity"):
         return INDEX_UPSERT
-    if operation == "Table_DeleteEntity" and partition == _INDEX_PARTITION:
+    if operation == "Table_DeleteEntity" and index:
         return INDEX_DELETE
     if operation == "Table_QueryEntitiesWithPartitionAndRowKey":
         return POINT_READ
     if operation == "Table_QueryEntities":
-        return INDEX_QUERY if f"'{_INDEX_PARTITION}'" in path else QUERY
+        return INDEX_QUERY if f"'{_INDEX_PARTITION}" in path else QUERY
     return FRIENDLY.get(operation, operation)
 
 
