@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from enum import Enum
 
 from core.models import AgentResponse, LineRecord, LineState, OrderState, Outcome, ProcessState
-from core.workflow import Kind, Step, StepPolicy, Workflow
+from core.workflow import Kind, Step, StepPolicy, UnknownWorkflow, Workflow, workflow
 
 #: LastError is a Table string property: keep it far below the 64 KiB limit.
 MAX_ERROR_CHARS = 2_000
@@ -350,6 +350,10 @@ def resubmit(state: OrderState, now: datetime, pending_timeout: timedelta) -> Or
     if state.kind is Kind.COMPENSATION and state.failed:
         retry = sorted(set(state.failed), reverse=True)
         changes = {"step_index": retry[0], "plan": tuple(retry[1:]), "failed": ()}
+        try:  # the row names its current line's step, as every other transition leaves it
+            changes["step"] = workflow(state.workflow, state.workflow_version).steps[retry[0]].name
+        except (UnknownWorkflow, IndexError):
+            pass  # the claim ends such an order in Error again, naming the definition
     return state.model_copy(
         update={
             "process_state": ProcessState.PENDING,

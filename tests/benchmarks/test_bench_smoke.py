@@ -60,7 +60,7 @@ APP_KEYS = [
 #: open breaker, a handful of orders, no warm-up.
 RESILIENCE = Plan(
     warm_up_orders=0, outage_orders=16, outage_seconds=4.0, outage_hosts=2, outage_open_seconds=1.0,
-    outage_timeout=40.0, concurrency_orders=8, concurrency_apply_seconds=0.3, concurrency_hosts=1,
+    outage_timeout=90.0, concurrency_orders=8, concurrency_apply_seconds=0.3, concurrency_hosts=1,
     concurrency_cap=30.0, unknown_orders=10, unknown_call_timeout=0.3, unknown_slow_seconds=1.0, unknown_hosts=1,
     unknown_timeout=40.0,
 )

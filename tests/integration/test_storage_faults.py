@@ -96,7 +96,7 @@ def test_a_nudge_sent_twice_by_the_queue_sdks_retry_claims_once(app_settings, se
     nudge = submit("o-5")
     storage_proxy.inject("500-applied", service="queue", method="POST")
     services().nudger.nudge(nudge)
-    queue = services().nudger.queue
+    queue = services().nudger.queue_for("o-5")
     copies = [Nudge.model_validate_json(m.content) for m in queue.receive_messages(max_messages=32)]
     assert len(copies) == 2, "the SDK's retry did not send the applied nudge again"
     assert [schedule(copy) is not None for copy in copies] == [True, False]

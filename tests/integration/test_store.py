@@ -300,7 +300,7 @@ def test_the_tables_live_in_the_state_account_when_one_is_named(
     try:
         _, created = new_order(services.store, "o-state")  # a real write: the table is where Azurite listens
         assert created.created and services.store.get("o-state").order_id == "o-state"
-        assert ":1/" in services.nudger.queue.url  # the nudges stay with the host's account
+        assert all(":1/" in queue.url for queue in services.nudger.queues)  # the nudges stay with the host's account
     finally:
         services.publisher.close()
         for name in tables.values():

@@ -4,13 +4,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from core import lifecycle
+from core import claims, lifecycle
 from core.lifecycle import SupervisorPolicy, Verdict
-from core.models import AgentResponse, Context, LineState, OrderState, Outcome, ProcessState
+from core.models import AgentResponse, Context, LineState, Nudge, OrderState, Outcome, ProcessState
 from core.workflow import ORDER_WORKFLOW as WF
 from core.workflow import Kind, StepPolicy
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+#: An ETag of the form Table Storage returns.
+ETAG = 'W/"datetime\'2026-01-01T00%3A00%3A00.0000000Z\'"'
 DEFAULTS = StepPolicy(timeout_seconds=30, max_failures=3, agent_max_calls=6, agent_backoff_initial=0.2, agent_backoff_max=5)
 POLICY = SupervisorPolicy(
     max_failures=3,
@@ -147,3 +149,7 @@ def test_resubmit_after_failed_undos_runs_only_those_in_reverse_order():
     failed = lifecycle.fail(processing(index=0, kind=Kind.COMPENSATION, failed=(0, 1)), "could not undo", T0)
     again = lifecycle.resubmit(failed, T0, timedelta(seconds=20))
     assert (again.kind, again.step_index, again.plan, again.failed) == (Kind.COMPENSATION, 1, (0,), ())
+    # The row names the line it now stands at (its nudges are checked against it: a
+    # resubmitted order whose row named the last line run had every nudge dropped).
+    assert again.step == "charge"
+    assert claims.check_nudge(Nudge(order_id=again.order_id, state=again.model_copy(update={"etag": ETAG}))) is None
