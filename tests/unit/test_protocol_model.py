@@ -26,6 +26,7 @@ import logging
 import os
 import sys
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -949,3 +950,92 @@ def test_the_protocol_keeps_its_invariants_and_ends_every_order_within_the_bound
     assert STATS["runs"] > 0
 
 
+
+
+
+# --- sequences kept as scripted tests ---------------------------------------------------
+# The same machine, driven by hand: each test is a sequence of the model's events and
+# fails with the story of what happened, as a failing run of the model does.
+
+
+@contextmanager
+def scripted():
+    m = ProtocolModel()
+    logging.disable(logging.ERROR)
+    try:
+        yield m
+    except Exception as error:
+        raise AssertionError(f"{type(error).__name__}: {error}\nevents:\n" + "\n".join(m.story)) from error
+    finally:
+        logging.disable(logging.NOTSET)
+        m.loop.close()
+
+
+def index_of(model: ProtocolModel, of: Kindof, **match) -> int:
+    """The ``pick`` that takes the visible message of kind ``of`` whose body matches."""
+    for i, message in enumerate(model.net.visible(of)):
+        if all(getattr(message.body, k) == v for k, v in match.items()):
+            return i
+    raise AssertionError(f"no visible {of.value} with {match}: {model.net.messages}")
+
+
+def answer(m: ProtocolModel, rule=None) -> None:
+    """The order's one request is taken by its agent, whose remote answers (or does as
+    ``rule`` says), and the response is recorded (which claims the next line)."""
+    (rule or m.remote_answers)(pick=0, again=False, crash_after=0)
+    m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
+
+
+def postpone_until_given_up(m: ProtocolModel, order_id: str, remote: str) -> None:
+    """The line's remote is down for everyone: each attempt is postponed (no call), and
+    each request is delivered twice (at least once delivery), until the postponements
+    count as the line's last failure and it is handed back for the give-up."""
+    m.breaker(remote=remote, is_open=True)
+    while not m.state(order_id).gave_up:
+        m.schedule(pick=index_of(m, Kindof.NUDGE, order_id=order_id), instance=SCHEDULERS[0], again=False, crash_after=0)
+        latest = index_of(m, Kindof.REQUEST, attempt=m.state(order_id).attempt)
+        m.remote_answers(pick=latest, again=True, crash_after=0)  # postponed; delivered again later
+        m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
+        if not m.state(order_id).gave_up:
+            m.tick(by="next nudge")
+    m.schedule(pick=index_of(m, Kindof.NUDGE, order_id=order_id), instance=SCHEDULERS[1], again=False, crash_after=0)
+    m.breaker(remote=remote, is_open=False)
+
+
+def test_an_action_given_up_while_postponed_is_not_undone_while_its_request_may_still_run():
+    """A line postponed until its failures run out is handed back for the give-up at
+    once; its undo must still wait until the postponed attempt's request, which Service
+    Bus may deliver again, can no longer act (its Complete-By). Otherwise the action is
+    applied after its undo, and a Compensated order leaves stock reserved."""
+    with scripted() as m:
+        m.new_order()
+        m.submit(pick=0, crash_after=0)
+        postpone_until_given_up(m, "o-1", "inventory")  # reserve gives up; release is claimed
+        m.remote_answers(pick=index_of(m, Kindof.REQUEST, kind=Kind.COMPENSATION), again=False, crash_after=0)
+        m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # Compensated
+        while m.net.visible(Kindof.REQUEST):  # the reserve's second delivery
+            m.remote_answers(pick=0, again=False, crash_after=0)
+        m.settle()
+
+
+def test_an_undo_given_up_while_postponed_lets_no_earlier_undo_run_before_it_can_no_longer_act():
+    """The same for an undo: refund postponed until it gives up; release must not run
+    while the refund's request may still be delivered, or the refund lands after the
+    release (not in reverse order) and the Error's alert names an undo that was done."""
+    with scripted() as m:
+        m.new_order()
+        m.submit(pick=0, crash_after=0)
+        m.schedule(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # reserve claimed
+        answer(m)  # reserve done, charge claimed
+        answer(m)  # charge done, ship claimed
+        answer(m, m.remote_refuses)  # ship refused: refund claimed
+        m.lose(pick=index_of(m, Kindof.REQUEST, kind=Kind.COMPENSATION))
+        m.tick(by="past next deadline")
+        m.supervise(who=SUPERVISORS[0], crash_after=0)  # refund: failure 1 of 2
+        m.tick(by="next nudge")
+        postpone_until_given_up(m, "o-1", "payments")  # refund gives up; release is claimed
+        m.remote_answers(pick=index_of(m, Kindof.REQUEST, step="reserve"), again=False, crash_after=0)
+        m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # Error: refund "could not be done"
+        while m.net.visible(Kindof.REQUEST):  # the refund's second delivery
+            m.remote_answers(pick=0, again=False, crash_after=0)
+        m.settle()
