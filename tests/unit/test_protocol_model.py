@@ -90,7 +90,7 @@ SUPERVISORS = ("supervisor-1", "supervisor-2")
 MAX_ORDERS = 3
 ALERTS = "alerts"
 
-EXAMPLES = int(os.environ.get("PROTOCOL_MODEL_EXAMPLES", "100"))
+EXAMPLES = int(os.environ.get("PROTOCOL_MODEL_EXAMPLES", "75"))
 STEPS = int(os.environ.get("PROTOCOL_MODEL_STEPS", "80"))
 
 
@@ -401,6 +401,8 @@ class ProtocolModel(RuleBasedStateMachine):
         self.resubmitted: set[str] = set()
         #: order -> attempt of its last accepted postponement.
         self.postponed: dict[str, int] = {}
+        #: Once the faults stop, this remote stays down for everyone this long first.
+        self.outage, self.outage_remote = timedelta(0), None
         self.counts: Counter[str] = Counter()
         self.story: list[str] = []
         self.loop = asyncio.new_event_loop()
@@ -512,8 +514,11 @@ class ProtocolModel(RuleBasedStateMachine):
 
     # -- events ---------------------------------------------------------------------------
 
-    @initialize(target=orders)
-    def first_order(self):
+    @initialize(target=orders, outage=st.sampled_from((0, 0, 45, 200)), remote=st.sampled_from(remotes()))
+    def first_order(self, outage, remote):
+        """The first order; and whether, once the faults stop, ``remote`` stays down for
+        everyone ``outage`` seconds more (its breakers open: its lines are postponed)."""
+        self.outage, self.outage_remote = timedelta(seconds=outage), remote
         return self._new_order()
 
     @precondition(lambda self: len(self.order_ids) < MAX_ORDERS)
@@ -779,15 +784,25 @@ class ProtocolModel(RuleBasedStateMachine):
             self.loop.close()
 
     def settle(self):
-        """The faults stop: breakers close, every message is delivered once, at once, the
-        supervisor ticks; every order must end within its bound, counted from now."""
+        """The faults stop: every message is delivered once, at once, agents answer, the
+        supervisor ticks; the breakers close, but the outage's remote stays down for
+        everyone that long first. Every order must end within its bound, counted from
+        now (``core.liveness.order_bound`` of its current line, with the outage)."""
         self.breaker_open.clear()
         start = self.now
-        bounds = {}
+        if self.outage:
+            self.breaker_open[self.outage_remote] = start
+        outage = {"outage": self.outage, "outage_remote": self.outage_remote}
+        bounds = {
+            o: liveness.order_bound(WORKFLOW, DEFAULTS, TIMING, **outage)
+            for o in self.order_ids if "state" not in self.rows(o)  # not written yet: from its first line
+        }
         for state in self.written():
             if state.process_state.terminal:
                 continue
-            bound = liveness.order_bound(WORKFLOW, DEFAULTS, TIMING, step_index=state.step_index, kind=state.kind)
+            bound = liveness.order_bound(
+                WORKFLOW, DEFAULTS, TIMING, step_index=state.step_index, kind=state.kind, **outage
+            )
             postponed = self.postponed.get(state.order_id) == state.attempt and state.process_state is ProcessState.PENDING
             pending_postponement = any(
                 m.kind is Kindof.RESPONSE and m.body.order_id == state.order_id and m.body.outcome is Outcome.POSTPONED
@@ -796,17 +811,21 @@ class ProtocolModel(RuleBasedStateMachine):
             if postponed or pending_postponement:
                 bound += liveness.postponement_wait(TIMING)  # one wait already under way
             bounds[state.order_id] = bound
-        unwritten = [o for o in self.order_ids if "state" not in self.rows(o)]
         ended: dict[str, datetime] = {}
         limit = start + max([*bounds.values(), timedelta(0)]) + POLICY.step_timeout + 3 * TIMING.supervisor_interval
-        self.say(f"{self.now:%H:%M:%S} faults stop; bounds {({o: b.total_seconds() for o, b in bounds.items()})}")
+        self.say(
+            f"{self.now:%H:%M:%S} faults stop ({self.outage_remote} down {self.outage.total_seconds():.0f} s more); "
+            f"bounds {({o: b.total_seconds() for o, b in bounds.items()})}"
+        )
         while True:
+            if self.now >= start + self.outage:
+                self.breaker_open.clear()
             self.drain()
             for state in self.written():
                 if state.process_state.terminal:
                     ended.setdefault(state.order_id, self.now)
             in_flight = [s for s in self.written() if not s.process_state.terminal]
-            if not in_flight and not self.store.active_ids() and all("state" in self.rows(o) for o in unwritten):
+            if not in_flight and not self.store.active_ids() and all("state" in self.rows(o) for o in self.order_ids):
                 break
             assert self.now <= limit, (
                 f"not settled {(self.now - start).total_seconds():.0f} s after the faults stopped: "
