@@ -90,7 +90,7 @@ SUPERVISORS = ("supervisor-1", "supervisor-2")
 MAX_ORDERS = 3
 ALERTS = "alerts"
 
-EXAMPLES = int(os.environ.get("PROTOCOL_MODEL_EXAMPLES", "75"))
+EXAMPLES = int(os.environ.get("PROTOCOL_MODEL_EXAMPLES", "60"))
 STEPS = int(os.environ.get("PROTOCOL_MODEL_STEPS", "80"))
 
 
@@ -164,7 +164,10 @@ class FusedTable:
 # --- the network ----------------------------------------------------------------------
 
 
-class Kindof(str, Enum):
+class Channel(str, Enum):
+    """Which queue a message travels on (all of them Service Bus or storage queues:
+    at-least-once, in no guaranteed order)."""
+
     ORDER = "order"
     NUDGE = "nudge"
     REQUEST = "request"
@@ -173,7 +176,7 @@ class Kindof(str, Enum):
 
 @dataclass
 class Message:
-    kind: Kindof
+    kind: Channel
     body: Any
     visible_at: datetime
     #: For an agent request: the end of its time-to-live (Service Bus drops it then).
@@ -181,12 +184,12 @@ class Message:
 
     def __repr__(self) -> str:
         b = self.body
-        if self.kind is Kindof.ORDER:
+        if self.kind is Channel.ORDER:
             return f"order {b['order_id']}"
-        if self.kind is Kindof.NUDGE:
+        if self.kind is Channel.NUDGE:
             snap = f"{b.state.process_state.value} attempt {b.state.attempt}" if b.state else "no snapshot"
             return f"nudge {b.order_id} ({snap})"
-        if self.kind is Kindof.REQUEST:
+        if self.kind is Channel.REQUEST:
             return f"request {b.order_id} {b.kind.value} {b.step} attempt {b.attempt}"
         return f"response {b.order_id} {b.kind.value} {b.step} attempt {b.attempt} {b.outcome.value}"
 
@@ -209,11 +212,11 @@ class Network:
         self.messages = [m for m in self.messages if m.expires_at is None or now < m.expires_at]
         return self.messages
 
-    def visible(self, kind: Kindof) -> list[Message]:
+    def visible(self, kind: Channel) -> list[Message]:
         now = self._clock()
         return [m for m in self.live() if m.kind is kind and m.visible_at <= now]
 
-    def pick(self, kind: Kindof, index: int) -> Message | None:
+    def pick(self, kind: Channel, index: int) -> Message | None:
         found = self.visible(kind)
         return found[index % len(found)] if found else None
 
@@ -231,8 +234,8 @@ class ModelPublisher:
     def send_agent_request(self, request: AgentRequest, *, queue: str, reply_to: str, now: datetime) -> bool:
         if request.complete_by - now <= timedelta(0):
             return False  # as the real one: an expired request is not sent
-        self.model.fuse_effect()
         self.model.sent_request(request, now)
+        self.model.fuse_effect()
         return True
 
     def send_status(self, event, *, queue) -> bool:
@@ -240,8 +243,8 @@ class ModelPublisher:
         return True
 
     def send_alert(self, alert, *, queue: str, attempt: int) -> None:
-        self.model.fuse_effect()
         self.alerts.append(alert)
+        self.model.fuse_effect()
 
 
 class ModelNudger:
@@ -251,12 +254,12 @@ class ModelNudger:
         self.model = model
 
     def nudge(self, nudge: Nudge, *, delay: timedelta = timedelta(0)) -> None:
-        self.model.fuse_effect()
         # The storage queue rounds the visibility timeout up to whole seconds.
         seconds = max(0, int(delay.total_seconds() + 0.999))
-        self.model.net.put(Message(Kindof.NUDGE, nudge, self.model.now + timedelta(seconds=seconds)))
+        self.model.net.put(Message(Channel.NUDGE, nudge, self.model.now + timedelta(seconds=seconds)))
         if nudge.state is not None:
             self.model.snapshots.setdefault(nudge.order_id, []).append(nudge.state)
+        self.model.fuse_effect()
 
 
 # --- the remote services ---------------------------------------------------------------
@@ -353,7 +356,7 @@ def _agent_rule(name: str, behaviour: Behaviour):
         self.agent_handles(pick, behaviour, again, crash_after)
 
     handle.__name__ = handle.__qualname__ = name  # the name the shrunk sequence prints
-    requests = precondition(lambda self: self.net.visible(Kindof.REQUEST))
+    requests = precondition(lambda self: self.net.visible(Channel.REQUEST))
     return requests(rule(pick=st.integers(0, 7), again=AGAIN, crash_after=CRASH_AFTER)(handle))
 
 
@@ -439,7 +442,7 @@ class ProtocolModel(RuleBasedStateMachine):
         )
         if request.kind is Kind.ACTION:
             self.actions_sent.add((request.order_id, request.step))
-        self.net.put(Message(Kindof.REQUEST, request, now, expires_at=request.complete_by))
+        self.net.put(Message(Channel.REQUEST, request, now, expires_at=request.complete_by))
         self.counts["requests"] += 1
 
     def state_written(self, order_id: str) -> None:
@@ -491,7 +494,7 @@ class ProtocolModel(RuleBasedStateMachine):
         for message in self.net.messages:
             r = message.body
             if (
-                message.kind is Kindof.REQUEST and r.order_id == order_id and r.step == request.step
+                message.kind is Channel.REQUEST and r.order_id == order_id and r.step == request.step
                 and r.kind is Kind.ACTION and self.now < r.complete_by
             ):
                 raise AssertionError(
@@ -529,15 +532,15 @@ class ProtocolModel(RuleBasedStateMachine):
     def _new_order(self) -> str:
         order_id = f"o-{len(self.order_ids) + 1}"
         self.order_ids.append(order_id)
-        self.net.put(Message(Kindof.ORDER, order_dict(order_id, lines=1), self.now))
+        self.net.put(Message(Channel.ORDER, order_dict(order_id, lines=1), self.now))
         self.say(f"{self.now:%H:%M:%S} a client sends order {order_id}")
         return order_id
 
-    @precondition(lambda self: self.net.visible(Kindof.ORDER))
+    @precondition(lambda self: self.net.visible(Channel.ORDER))
     @rule(pick=st.integers(0, 3), crash_after=CRASH_AFTER)
     def submit(self, pick, crash_after):
         """submit_order takes an orders message: index, rows, nudge (a crash between any two)."""
-        self._submit(self.net.pick(Kindof.ORDER, pick), crash_after)
+        self._submit(self.net.pick(Channel.ORDER, pick), crash_after)
 
     def _submit(self, message: Message, crash_after: int) -> None:
         body = json.dumps(message.body).encode()
@@ -557,14 +560,14 @@ class ProtocolModel(RuleBasedStateMachine):
             self.net.take(message)  # completed; a crashed one is delivered again
         self.say(f"{self.now:%H:%M:%S} submit {message!r}: {'crashed' if crashed else result.result.value}")
 
-    @precondition(lambda self: self.net.visible(Kindof.NUDGE))
+    @precondition(lambda self: self.net.visible(Channel.NUDGE))
     @rule(
         pick=st.integers(0, 7), instance=st.sampled_from(SCHEDULERS), again=AGAIN,
         crash_after=CRASH_AFTER,
     )
     def schedule(self, pick, instance, again, crash_after):
         """A scheduler instance takes a nudge (``again``: it stays, and is delivered again)."""
-        message = self.net.pick(Kindof.NUDGE, pick)
+        message = self.net.pick(Channel.NUDGE, pick)
         crashed, request = self.run(
             "schedule", lambda: dispatch.schedule(message.body, scheduler=self.schedulers[instance], now=self.now),
             crash_after,
@@ -599,15 +602,15 @@ class ProtocolModel(RuleBasedStateMachine):
     remote_is_never_reached = _agent_rule("remote_is_never_reached", Behaviour.TIME_OUT)
 
     def agent_handles(self, pick: int, behaviour: Behaviour, again: bool, crash_after: int) -> None:
-        message = self.net.pick(Kindof.REQUEST, pick)
+        message = self.net.pick(Channel.REQUEST, pick)
         request: AgentRequest = message.body
         remote = ModelRemote(self, self.ledgers[request.remote], behaviour)
 
         def handle():
             response = self.loop.run_until_complete(agent.run(request, remote=remote, now=lambda: self.now))
             if response is not None:
+                self.net.put(Message(Channel.RESPONSE, response, self.now))
                 self.fuse_effect()
-                self.net.put(Message(Kindof.RESPONSE, response, self.now))
             return response
 
         crashed, response = self.run("agent", handle, crash_after)
@@ -616,12 +619,12 @@ class ProtocolModel(RuleBasedStateMachine):
         outcome = "crashed" if crashed else (response.outcome.value if response else "no response")
         self.say(f"{self.now:%H:%M:%S} agent takes {message!r} ({behaviour.value}): {outcome}")
 
-    @precondition(lambda self: self.net.visible(Kindof.RESPONSE))
+    @precondition(lambda self: self.net.visible(Channel.RESPONSE))
     @rule(pick=st.integers(0, 7), instance=st.sampled_from(SCHEDULERS), again=AGAIN,
           crash_after=CRASH_AFTER)
     def record(self, pick, instance, again, crash_after):
         """A scheduler instance takes an agent response; a stale one changes nothing."""
-        message = self.net.pick(Kindof.RESPONSE, pick)
+        message = self.net.pick(Channel.RESPONSE, pick)
         response: AgentResponse = message.body
         before = self.state(response.order_id)
         stale = before.process_state is not ProcessState.PROCESSING or before.attempt != response.attempt
@@ -647,7 +650,7 @@ class ProtocolModel(RuleBasedStateMachine):
     def losable(self) -> list[Message]:
         # Service Bus keeps an accepted order until it is completed (or dead-lettered, kept):
         # orders are not lost. A nudge, a request or a response may be, for the protocol.
-        return [m for m in self.net.live() if m.kind is not Kindof.ORDER]
+        return [m for m in self.net.live() if m.kind is not Channel.ORDER]
 
     @precondition(lambda self: self.losable())
     @rule(pick=st.integers(0, 15))
@@ -753,7 +756,7 @@ class ProtocolModel(RuleBasedStateMachine):
         for state in self.written():
             live = [
                 m.body for m in self.net.messages
-                if m.kind is Kindof.REQUEST and m.body.order_id == state.order_id and self.now < m.body.complete_by
+                if m.kind is Channel.REQUEST and m.body.order_id == state.order_id and self.now < m.body.complete_by
             ]
             assert all(r.attempt <= state.attempt for r in live), f"{state.order_id}: a request ahead of the row's attempt"
             unfenced = {
@@ -805,7 +808,7 @@ class ProtocolModel(RuleBasedStateMachine):
             )
             postponed = self.postponed.get(state.order_id) == state.attempt and state.process_state is ProcessState.PENDING
             pending_postponement = any(
-                m.kind is Kindof.RESPONSE and m.body.order_id == state.order_id and m.body.outcome is Outcome.POSTPONED
+                m.kind is Channel.RESPONSE and m.body.order_id == state.order_id and m.body.outcome is Outcome.POSTPONED
                 for m in self.net.messages
             )
             if postponed or pending_postponement:
@@ -853,12 +856,12 @@ class ProtocolModel(RuleBasedStateMachine):
             for message in visible:
                 self.net.take(message)
                 scheduler = self.schedulers[SCHEDULERS[0]]
-                if message.kind is Kindof.ORDER:
+                if message.kind is Channel.ORDER:
                     self.net.put(message)  # _submit takes it once it is done
                     self._submit(message, 0)
-                elif message.kind is Kindof.NUDGE:
+                elif message.kind is Channel.NUDGE:
                     dispatch.schedule(message.body, scheduler=scheduler, now=self.now)
-                elif message.kind is Kindof.REQUEST:
+                elif message.kind is Channel.REQUEST:
                     request = message.body
                     if self.now < request.complete_by:
                         remote = ModelRemote(self, self.ledgers[request.remote], Behaviour.ANSWER)
@@ -866,7 +869,7 @@ class ProtocolModel(RuleBasedStateMachine):
                             agent.run(request, remote=remote, now=lambda: self.now)
                         )
                         if response is not None:
-                            self.net.put(Message(Kindof.RESPONSE, response, self.now))
+                            self.net.put(Message(Channel.RESPONSE, response, self.now))
                 else:
                     dispatch.record(message.body, scheduler=scheduler, now=self.now)
 
@@ -990,7 +993,7 @@ def scripted():
         m.loop.close()
 
 
-def index_of(model: ProtocolModel, of: Kindof, **match) -> int:
+def index_of(model: ProtocolModel, of: Channel, **match) -> int:
     """The ``pick`` that takes the visible message of kind ``of`` whose body matches."""
     for i, message in enumerate(model.net.visible(of)):
         if all(getattr(message.body, k) == v for k, v in match.items()):
@@ -1011,13 +1014,13 @@ def postpone_until_given_up(m: ProtocolModel, order_id: str, remote: str) -> Non
     count as the line's last failure and it is handed back for the give-up."""
     m.breaker(remote=remote, is_open=True)
     while not m.state(order_id).gave_up:
-        m.schedule(pick=index_of(m, Kindof.NUDGE, order_id=order_id), instance=SCHEDULERS[0], again=False, crash_after=0)
-        latest = index_of(m, Kindof.REQUEST, attempt=m.state(order_id).attempt)
+        m.schedule(pick=index_of(m, Channel.NUDGE, order_id=order_id), instance=SCHEDULERS[0], again=False, crash_after=0)
+        latest = index_of(m, Channel.REQUEST, attempt=m.state(order_id).attempt)
         m.remote_answers(pick=latest, again=True, crash_after=0)  # postponed; delivered again later
         m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
         if not m.state(order_id).gave_up:
             m.tick(by="next nudge")
-    m.schedule(pick=index_of(m, Kindof.NUDGE, order_id=order_id), instance=SCHEDULERS[1], again=False, crash_after=0)
+    m.schedule(pick=index_of(m, Channel.NUDGE, order_id=order_id), instance=SCHEDULERS[1], again=False, crash_after=0)
     m.breaker(remote=remote, is_open=False)
 
 
@@ -1030,9 +1033,9 @@ def test_an_action_given_up_while_postponed_is_not_undone_while_its_request_may_
         m.new_order()
         m.submit(pick=0, crash_after=0)
         postpone_until_given_up(m, "o-1", "inventory")  # reserve gives up; release is claimed
-        m.remote_answers(pick=index_of(m, Kindof.REQUEST, kind=Kind.COMPENSATION), again=False, crash_after=0)
+        m.remote_answers(pick=index_of(m, Channel.REQUEST, kind=Kind.COMPENSATION), again=False, crash_after=0)
         m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # Compensated
-        while m.net.visible(Kindof.REQUEST):  # the reserve's second delivery
+        while m.net.visible(Channel.REQUEST):  # the reserve's second delivery
             m.remote_answers(pick=0, again=False, crash_after=0)
         m.settle()
 
@@ -1048,13 +1051,13 @@ def test_an_undo_given_up_while_postponed_lets_no_earlier_undo_run_before_it_can
         answer(m)  # reserve done, charge claimed
         answer(m)  # charge done, ship claimed
         answer(m, m.remote_refuses)  # ship refused: refund claimed
-        m.lose(pick=index_of(m, Kindof.REQUEST, kind=Kind.COMPENSATION))
+        m.lose(pick=index_of(m, Channel.REQUEST, kind=Kind.COMPENSATION))
         m.tick(by="past next deadline")
         m.supervise(who=SUPERVISORS[0], crash_after=0)  # refund: failure 1 of 2
         m.tick(by="next nudge")
         postpone_until_given_up(m, "o-1", "payments")  # refund gives up; release is claimed
-        m.remote_answers(pick=index_of(m, Kindof.REQUEST, step="reserve"), again=False, crash_after=0)
+        m.remote_answers(pick=index_of(m, Channel.REQUEST, step="reserve"), again=False, crash_after=0)
         m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # Error: refund "could not be done"
-        while m.net.visible(Kindof.REQUEST):  # the refund's second delivery
+        while m.net.visible(Channel.REQUEST):  # the refund's second delivery
             m.remote_answers(pick=0, again=False, crash_after=0)
         m.settle()
