@@ -23,11 +23,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import sys
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
@@ -517,11 +518,18 @@ class ProtocolModel(RuleBasedStateMachine):
 
     # -- events ---------------------------------------------------------------------------
 
-    @initialize(target=orders, outage=st.sampled_from((0, 0, 45, 200)), remote=st.sampled_from(remotes()))
-    def first_order(self, outage, remote):
-        """The first order; and whether, once the faults stop, ``remote`` stays down for
-        everyone ``outage`` seconds more (its breakers open: its lines are postponed)."""
+    @initialize(
+        target=orders, outage=st.sampled_from((0, 0, 45, 200)), remote=st.sampled_from(remotes()),
+        max_postponements=st.sampled_from((MAX_POSTPONEMENTS, 1)),
+    )
+    def first_order(self, outage, remote, max_postponements):
+        """The first order; whether, once the faults stop, ``remote`` stays down for
+        everyone ``outage`` seconds more (its breakers open: its lines are postponed);
+        and the postponements in a row that count as one failure (MAX_POSTPONEMENTS)."""
         self.outage, self.outage_remote = timedelta(seconds=outage), remote
+        self.schedulers = {
+            name: replace(scheduler, max_postponements=max_postponements) for name, scheduler in self.schedulers.items()
+        }
         return self._new_order()
 
     @precondition(lambda self: len(self.order_ids) < MAX_ORDERS)
@@ -736,27 +744,39 @@ class ProtocolModel(RuleBasedStateMachine):
     # -- invariants ---------------------------------------------------------------------
 
     def written(self) -> list[OrderState]:
-        states = []
+        return [state for state, _ in self.partitions()]
+
+    def partitions(self) -> list[tuple[OrderState, dict[str, dict]]]:
+        """Each written order's state and its partition's rows, read once."""
+        found = []
         for order_id in self.order_ids:
-            if "state" in self.rows(order_id):
-                states.append(self.state(order_id))
-        return states
+            rows = self.rows(order_id)
+            if "state" in rows:
+                found.append((self.state(order_id), rows))
+        return found
 
     @invariant()
-    def every_state_row_is_legal(self):
+    def the_protocol_holds(self):
+        """After every event: each state row is legal and supervised, the fence is
+        unique, and nothing was applied twice (the other promises are checked at the
+        remote, as each call arrives)."""
+        partitions = self.partitions()
+        self.every_state_row_is_legal(partitions)
+        self.at_most_one_unfenced_request_per_order([state for state, _ in partitions])
+        self.nothing_applied_twice()
+
+    def every_state_row_is_legal(self, partitions) -> None:
         indexed = {order_id for order_id, *_ in self.store.active_ids()}
-        for state in self.written():
-            problems = illegal(state, self.rows(state.order_id))
+        for state, rows in partitions:
+            problems = illegal(state, rows, self.schedulers[SCHEDULERS[0]].max_postponements)
             assert not problems, f"{state.order_id}: illegal state row: {problems}\n{state!r}"
             if not state.process_state.terminal:
                 assert state.order_id in indexed, f"{state.order_id} is in flight but not in the active index"
 
-    @invariant()
-    def at_most_one_unfenced_request_per_order(self):
-        for state in self.written():
+    def at_most_one_unfenced_request_per_order(self, states) -> None:
+        for state in states:
             live = [
-                m.body for m in self.net.messages
-                if m.kind is Channel.REQUEST and m.body.order_id == state.order_id and self.now < m.body.complete_by
+                m.body for m in self.net.live() if m.kind is Channel.REQUEST and m.body.order_id == state.order_id
             ]
             assert all(r.attempt <= state.attempt for r in live), f"{state.order_id}: a request ahead of the row's attempt"
             unfenced = {
@@ -770,8 +790,7 @@ class ProtocolModel(RuleBasedStateMachine):
                     f"{state.kind.value} {state.step}"
                 )
 
-    @invariant()
-    def nothing_applied_twice(self):
+    def nothing_applied_twice(self) -> None:
         # A ledger applies a key once; the app must use one key per line, every time.
         lines = Counter((order_id, index, kind) for _, order_id, index, kind in self.applied_log)
         twice = [line for line, n in lines.items() if n > 1]
@@ -835,7 +854,11 @@ class ProtocolModel(RuleBasedStateMachine):
                 f"{[(s.order_id, s.process_state.value, s.kind.value, s.step, s.attempt) for s in in_flight]}, "
                 f"indexed {self.store.active_ids()}"
             )
-            self.now += TIMING.supervisor_interval
+            # The supervisor ticks every interval; ticks before the next thing due find
+            # nothing to do, so the clock goes straight to the first tick after it.
+            due = self.next_due(start + self.outage)
+            ticks = max(1, math.ceil((due - self.now) / TIMING.supervisor_interval))
+            self.now += ticks * TIMING.supervisor_interval
             self._sweep(self.store, self.now)
         for order_id, bound in bounds.items():
             took = ended[order_id] - start
@@ -846,6 +869,16 @@ class ProtocolModel(RuleBasedStateMachine):
         STATS.update(self.counts)
         for state in self.written():
             STATS[state.process_state.value] += 1
+
+    def next_due(self, outage_end: datetime) -> datetime:
+        """The earliest time something can happen: a nudge becomes visible, a deadline
+        passes, the outage ends, or a finished order still indexed is due for healing."""
+        times = [m.visible_at for m in self.net.live()]
+        for state in self.written():
+            times.append(state.updated_at + POLICY.step_timeout if state.process_state.terminal else state.complete_by)
+        if outage_end > self.now:
+            times.append(outage_end)
+        return min([t for t in times if t > self.now], default=self.now)
 
     def drain(self):
         """Deliver every visible message once, healthy: agents answer, nobody crashes."""
@@ -901,7 +934,7 @@ class ProtocolModel(RuleBasedStateMachine):
                 assert set(left) <= allowed, f"{state.order_id} in Error leaves {left} applied, may leave {allowed}"
 
 
-def illegal(state: OrderState, rows: dict[str, dict]) -> list[str]:
+def illegal(state: OrderState, rows: dict[str, dict], max_postponements: int) -> list[str]:
     """What makes a state row impossible for the lifecycle (empty: a legal state)."""
     problems = []
     steps = WORKFLOW.steps
@@ -915,7 +948,7 @@ def illegal(state: OrderState, rows: dict[str, dict]) -> list[str]:
         problems.append("Processing without an attempt")
     if state.process_state.terminal and (state.gave_up or state.postponements):
         problems.append("a terminal row still carries GaveUp or postponements")
-    if state.postponements >= MAX_POSTPONEMENTS:
+    if state.postponements >= max_postponements:
         problems.append("postponements reached the limit without counting a failure")
     limit = state.max_failures or POLICY.max_failures
     if state.failure_count > limit or (state.failure_count == limit and not state.gave_up and not state.process_state.terminal):
