@@ -872,9 +872,13 @@ class ProtocolModel(RuleBasedStateMachine):
 
     def next_due(self, outage_end: datetime) -> datetime:
         """The earliest time something can happen: a nudge becomes visible, a deadline
-        passes, the outage ends, or a finished order still indexed is due for healing."""
+        passes, the outage ends, or a finished order still indexed is due for healing.
+        An in-flight row already past its deadline is due at once: the sweep may have
+        passed it by (its index row is younger than any deadline, e.g. just re-indexed)."""
         times = [m.visible_at for m in self.net.live()]
         for state in self.written():
+            if not state.process_state.terminal and state.complete_by <= self.now:
+                return self.now
             times.append(state.updated_at + POLICY.step_timeout if state.process_state.terminal else state.complete_by)
         if outage_end > self.now:
             times.append(outage_end)
