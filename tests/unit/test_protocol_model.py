@@ -439,7 +439,8 @@ class ProtocolModel(RuleBasedStateMachine):
         line = (request.step, request.kind, request.complete_by)
         seen = self.attempts.setdefault((request.order_id, request.attempt), line)
         assert seen == line, (
-            f"{request.order_id}: attempt {request.attempt} sent for two lines: {seen} and {line} (the fence is not unique)"
+            f"{request.order_id}: attempt {request.attempt} sent for two lines: {seen} and {line} "
+            "(the fence is not unique)"
         )
         if request.kind is Kind.ACTION:
             self.actions_sent.add((request.order_id, request.step))
@@ -652,7 +653,10 @@ class ProtocolModel(RuleBasedStateMachine):
             self.postponed[response.order_id] = response.attempt
         if not (again or crashed):
             self.net.take(message)
-        what = "crashed" if crashed else ("stale: nothing" if stale else (written.process_state.value if written else "lost the race"))
+        if crashed or stale:
+            what = "crashed" if crashed else "stale: nothing"
+        else:
+            what = written.process_state.value if written else "lost the race"
         self.say(f"{self.now:%H:%M:%S} {instance} records {message!r}: {what}")
 
     def losable(self) -> list[Message]:
@@ -680,7 +684,8 @@ class ProtocolModel(RuleBasedStateMachine):
         if self.stale_view is None:
             view = list(self.store.sweep(self.now, younger_than_cannot_expire=timedelta(0)))
             self.stale_view = (self.now, view)
-            self.say(f"{self.now:%H:%M:%S} a slow supervisor reads {[(s.order_id, s.process_state.value) for s in view]}")
+            seen = [(s.order_id, s.process_state.value) for s in view]
+            self.say(f"{self.now:%H:%M:%S} a slow supervisor reads {seen}")
             return
         at, view = self.stale_view
         self.stale_view = None
@@ -734,7 +739,9 @@ class ProtocolModel(RuleBasedStateMachine):
             return
         crashed, _ = self.run(
             "resubmit",
-            lambda: supervision.resubmit(order_id, store=self.store, nudger=self.nudger, now=self.now, pending_timeout=PENDING),
+            lambda: supervision.resubmit(
+                order_id, store=self.store, nudger=self.nudger, now=self.now, pending_timeout=PENDING
+            ),
             crash_after,
         )
         self.resubmitted.add(order_id)
@@ -778,7 +785,9 @@ class ProtocolModel(RuleBasedStateMachine):
             live = [
                 m.body for m in self.net.live() if m.kind is Channel.REQUEST and m.body.order_id == state.order_id
             ]
-            assert all(r.attempt <= state.attempt for r in live), f"{state.order_id}: a request ahead of the row's attempt"
+            assert all(r.attempt <= state.attempt for r in live), (
+                f"{state.order_id}: a request ahead of the row's attempt"
+            )
             unfenced = {
                 (r.step, r.kind, r.attempt) for r in live
                 if state.process_state is ProcessState.PROCESSING and r.attempt == state.attempt
@@ -825,7 +834,8 @@ class ProtocolModel(RuleBasedStateMachine):
             bound = liveness.order_bound(
                 WORKFLOW, DEFAULTS, TIMING, step_index=state.step_index, kind=state.kind, **outage
             )
-            postponed = self.postponed.get(state.order_id) == state.attempt and state.process_state is ProcessState.PENDING
+            pending = state.process_state is ProcessState.PENDING
+            postponed = pending and self.postponed.get(state.order_id) == state.attempt
             pending_postponement = any(
                 m.kind is Channel.RESPONSE and m.body.order_id == state.order_id and m.body.outcome is Outcome.POSTPONED
                 for m in self.net.messages
@@ -862,7 +872,9 @@ class ProtocolModel(RuleBasedStateMachine):
             self._sweep(self.store, self.now)
         for order_id, bound in bounds.items():
             took = ended[order_id] - start
-            assert took <= bound, f"{order_id} took {took.total_seconds():.0f} s after the faults stopped, bound {bound}"
+            assert took <= bound, (
+                f"{order_id} took {took.total_seconds():.0f} s after the faults stopped, bound {bound}"
+            )
             WORST["ratio"] = max(WORST["ratio"], took / bound)
         self.check_outcomes()
         STATS["runs"] += 1
@@ -955,7 +967,8 @@ def illegal(state: OrderState, rows: dict[str, dict], max_postponements: int) ->
     if state.postponements >= max_postponements:
         problems.append("postponements reached the limit without counting a failure")
     limit = state.max_failures or POLICY.max_failures
-    if state.failure_count > limit or (state.failure_count == limit and not state.gave_up and not state.process_state.terminal):
+    at_limit = state.failure_count == limit and not state.gave_up and not state.process_state.terminal
+    if state.failure_count > limit or at_limit:
         problems.append(f"{state.failure_count} failures of {limit} without giving up")
     if state.gave_up and state.process_state is not ProcessState.PENDING:
         problems.append("GaveUp on a row that is not Pending")
@@ -1051,7 +1064,8 @@ def postpone_until_given_up(m: ProtocolModel, order_id: str, remote: str) -> Non
     count as the line's last failure and it is handed back for the give-up."""
     m.breaker(remote=remote, is_open=True)
     while not m.state(order_id).gave_up:
-        m.schedule(pick=index_of(m, Channel.NUDGE, order_id=order_id), instance=SCHEDULERS[0], again=False, crash_after=0)
+        nudge = index_of(m, Channel.NUDGE, order_id=order_id)
+        m.schedule(pick=nudge, instance=SCHEDULERS[0], again=False, crash_after=0)
         latest = index_of(m, Channel.REQUEST, attempt=m.state(order_id).attempt)
         m.remote_answers(pick=latest, again=True, crash_after=0)  # postponed; delivered again later
         m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
