@@ -197,7 +197,7 @@ class Message:
 
 class Network:
     """Every message sent and not yet taken: any visible one may be taken next (reordering),
-    taken again (duplicates), or lost."""
+    taken again (duplicate delivery), or lost."""
 
     def __init__(self, clock) -> None:
         self.messages: list[Message] = []
