@@ -58,10 +58,16 @@ from core import names
 from core.models import OrderState, ProcessState
 from core.workflow import CURRENT, Kind, remotes
 from devtools.demo import ERROR_SCRIPTS, error_scripts, read_alerts
-from devtools.localstack import SERVICEBUS_FAULTS_HELP, LocalStack, ServiceBusFaults, servicebus_faults_option
+from devtools.localstack import (
+    SERVICEBUS_FAULTS_HELP,
+    STORAGE_FAULTS_HELP,
+    LocalStack,
+    ServiceBusFaults,
+    servicebus_faults_option,
+    storage_faults_option,
+)
 from devtools.orders import order_message
 from devtools.paths import ROOT
-from devtools.run import STORAGE_FAULTS_HELP, storage_faults_option
 from devtools.stats import EFFECT_CHECKS, EffectsAudit, audit_effects
 from tools.servicebus_emulator import QueueSettings
 from tools.storage_faults import KINDS as STORAGE_FAULT_KINDS

@@ -28,6 +28,7 @@ from devtools import fake_remote
 from devtools.paths import ROOT
 from tools.servicebus_emulator import Faults, QueueSettings
 from tools.storage_faults import CONTROL_PATH, StorageFaults
+from tools.storage_faults import KINDS as STORAGE_FAULT_KINDS
 
 STACK_MARK = "LOCAL_STACK_ID"
 _READY = re.compile(r"funchost ready: functions=(\d+) errors=(\d+)(?:.*? http=(http://\S+))?")
@@ -98,16 +99,35 @@ SERVICEBUS_FAULTS_HELP = (
 )
 
 
-def servicebus_faults_option(text: str | None) -> ServiceBusFaults | None:
-    """Parse a ``--servicebus-faults`` value for a command line (None when not given)."""
+#: The help of the ``--storage-faults`` option (devtools.run, benchmarks.soak).
+STORAGE_FAULTS_HELP = (
+    f"Put Azure Storage's push-back between the app and Azurite's tables and queues (tools/storage_faults): "
+    f"KIND=RATE per request, KIND one of {', '.join(STORAGE_FAULT_KINDS)} (latency=RATE:SECONDS), "
+    "e.g. 503=0.02,500-applied=0.01,reset-applied=0.01,latency=0.05:0.5."
+)
+
+
+def _fault_option(text: str | None, parse, message):
+    """A fault option's value parsed for a command line (None when not given); a bad one
+    is the command line's error (``message(error)``)."""
     if text is None:
         return None
     try:
-        return ServiceBusFaults.from_option(text)
+        return parse(text)
     except ValueError as error:
         import typer
 
-        raise typer.BadParameter(f"--servicebus-faults {text!r}: {error}") from None
+        raise typer.BadParameter(message(error)) from None
+
+
+def servicebus_faults_option(text: str | None) -> ServiceBusFaults | None:
+    """Parse a ``--servicebus-faults`` value for a command line (None when not given)."""
+    return _fault_option(text, ServiceBusFaults.from_option, lambda error: f"--servicebus-faults {text!r}: {error}")
+
+
+def storage_faults_option(text: str | None) -> StorageFaults | None:
+    """``--storage-faults``: the fault proxy's rates, or None (no proxy)."""
+    return _fault_option(text, StorageFaults.parse, str)
 
 
 @dataclass

@@ -19,10 +19,14 @@ from rich.console import Console
 
 from core.workflow import remotes
 from devtools import azurite
-from devtools.localstack import SERVICEBUS_FAULTS_HELP, LocalStack, servicebus_faults_option
+from devtools.localstack import (
+    SERVICEBUS_FAULTS_HELP,
+    STORAGE_FAULTS_HELP,
+    LocalStack,
+    servicebus_faults_option,
+    storage_faults_option,
+)
 from devtools.paths import ROOT
-from tools.storage_faults import KINDS as STORAGE_FAULT_KINDS
-from tools.storage_faults import StorageFaults
 
 console = Console()
 
@@ -35,23 +39,6 @@ def _pairs(values: list[str] | None, what: str) -> dict[str, str]:
             raise typer.BadParameter(f"{text!r}: expected {what}")
         pairs[name.strip()] = value.strip()
     return pairs
-
-
-def storage_faults_option(text: str | None) -> StorageFaults | None:
-    """``--storage-faults``: the fault proxy's rates, or None (no proxy)."""
-    if text is None:
-        return None
-    try:
-        return StorageFaults.parse(text)
-    except ValueError as error:
-        raise typer.BadParameter(str(error)) from None
-
-
-STORAGE_FAULTS_HELP = (
-    f"Put Azure Storage's push-back between the app and Azurite's tables and queues (tools/storage_faults): "
-    f"KIND=RATE per request, KIND one of {', '.join(STORAGE_FAULT_KINDS)} (latency=RATE:SECONDS), "
-    "e.g. 503=0.02,500-applied=0.01,reset-applied=0.01,latency=0.05:0.5."
-)
 
 
 def main(
