@@ -291,7 +291,17 @@ class Shape:
     stateStorageAccounts: int = 1  # noqa: N815
     #: The scheduler's storage queues: a constant of the app (core/names.py), here for what-ifs.
     schedulerQueues: int = names.SCHEDULER_QUEUE_SHARDS  # noqa: N815
+    #: Whole deployments the orders are spread over (infra/main.bicep ``stamps``; core/names.py
+    #: ``stamp_of``), each with its own namespace, accounts and function app.
     stamps: int = 1
+    #: Regions (or subscriptions) the stamps are spread over, evenly (main.bicep
+    #: ``stampLocations``): Flex Consumption's memory quota is per subscription and region,
+    #: so the stamps in one region share it.
+    regions: int = 1
+
+    @property
+    def stamps_per_region(self) -> int:
+        return math.ceil(self.stamps / self.regions)
 
     @property
     def state_accounts(self) -> int:
@@ -312,9 +322,12 @@ class Shape:
             raise CapacityError(f"stateStorageAccounts must be 1 to {names.MAX_STATE_STORAGE_ACCOUNTS}, not "
                                 f"{self.stateStorageAccounts}")
         for name in ("maximumInstanceCount", "activeIndexShards", "serviceBusMaxConcurrentCalls", "schedulerQueues",
-                     "stamps"):
+                     "stamps", "regions"):
             if getattr(self, name) < 1:
                 raise CapacityError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.regions > self.stamps:
+            raise CapacityError(f"regions ({self.regions}) cannot exceed stamps ({self.stamps}): a region holds "
+                                f"at least one stamp")
         if self.maximumInstanceCount > 1000:
             raise CapacityError(f"maximumInstanceCount is at most 1000 on Flex Consumption, not "
                                 f"{self.maximumInstanceCount}")
@@ -437,8 +450,10 @@ def evaluate(rate: float, shape: Shape, c: Counts, limits: Limits, *, order_seco
     busy = max(c.cpu_seconds / cores, c.execution_seconds / shape.serviceBusMaxConcurrentCalls)
     instances = r * busy
     use("functions.instances", instances, shape.maximumInstanceCount, "instances busy")
-    use("functions.regional_memory_quota", instances * shape.instanceMemoryMB,
-        limits["functions.flex.regional_memory_quota_mb"], "MB of instance memory")
+    # The quota is the subscription's in a region: the stamps sharing a region share it.
+    use("functions.regional_memory_quota", instances * shape.instanceMemoryMB * shape.stamps_per_region,
+        limits["functions.flex.regional_memory_quota_mb"],
+        f"MB of instance memory in one region ({shape.stamps_per_region} stamp(s) there)")
 
     # Cost per million orders.
     million = 1e6
@@ -502,11 +517,8 @@ def cheapest(rate: float, c: Counts, limits: Limits, *, max_utilisation: float =
                 for memory in (2048, 512, 4096):
                     base = Shape(serviceBusSku=sku, serviceBusCapacity=mu, separateStateStorage=separate,
                                  instanceMemoryMB=memory, stamps=stamps, serviceBusMaxConcurrentCalls=concurrency)
-                    shape = _sized(rate, base, c, limits, max_utilisation, order_seconds)
-                    if shape is None:
-                        continue
-                    result = evaluate(rate, shape, c, limits, order_seconds=order_seconds)
-                    if not result.holds(max_utilisation):
+                    result = _in_fewest_regions(rate, base, c, limits, max_utilisation, order_seconds)
+                    if result is None:
                         continue
                     held = by_stamps.get(stamps)
                     if held is None or _total(result) < _total(held) - 1e-9:
@@ -519,6 +531,23 @@ def cheapest(rate: float, c: Counts, limits: Limits, *, max_utilisation: float =
     lowest = min(_total(result) for result in by_stamps.values())
     return next(by_stamps[stamps] for stamps in sorted(by_stamps)
                 if _total(by_stamps[stamps]) <= lowest * (1 + stamp_tolerance))
+
+
+def _in_fewest_regions(rate: float, base: Shape, c: Counts, limits: Limits, max_utilisation: float,
+                       order_seconds: float) -> Result | None:
+    """``base`` sized for ``rate`` in the fewest regions whose memory quota holds its stamps
+    (a region more costs nothing in the model, but is one more place to run); None if no
+    spread holds."""
+    for regions in range(1, base.stamps + 1):
+        shape = _sized(rate, replace(base, regions=regions), c, limits, max_utilisation, order_seconds)
+        if shape is None:
+            return None
+        result = evaluate(rate, shape, c, limits, order_seconds=order_seconds)
+        if result.holds(max_utilisation):
+            return result
+        if result.bottleneck != "functions.regional_memory_quota":
+            return None  # more regions relieve the quota only
+    return None
 
 
 def _total(result: Result) -> float:
@@ -534,12 +563,31 @@ def ceiling(shape: Shape, c: Counts, limits: Limits, *, max_utilisation: float =
             order_seconds: float = 1.0) -> dict[str, float]:
     """The orders/s each resource of one stamp of ``shape`` allows at ``max_utilisation``,
     lowest first (the resources whose use does not grow with the load are left out)."""
-    one = replace(shape, stamps=1)
+    one = replace(shape, stamps=1, regions=1)
     at_1 = evaluate(1, one, c, limits, order_seconds=order_seconds).utilisation
     at_2 = evaluate(2, one, c, limits, order_seconds=order_seconds).utilisation
     rates = {resource: max_utilisation / share for resource, share in at_1.items()
              if share > 0 and not math.isclose(at_2[resource], share)}
     return dict(sorted(rates.items(), key=lambda item: item[1]))
+
+
+#: The load docs/scale.md and ``--ceiling`` size the stamps for (orders/s): issue 20's target.
+TARGET_RATE = 10_000
+
+
+def stamps_for(rate: float, shape: Shape, c: Counts, limits: Limits, *, max_utilisation: float = MAX_UTILISATION,
+               order_seconds: float = 1.0) -> dict[str, Any]:
+    """How many stamps of ``shape`` hold ``rate`` with every resource at most
+    ``max_utilisation``, and over how many regions (or subscriptions) they must spread
+    for the Flex memory quota, which the stamps of one region share."""
+    rates = ceiling(shape, c, limits, max_utilisation=max_utilisation, order_seconds=order_seconds)
+    quota = rates.get("functions.regional_memory_quota", math.inf)
+    stamps = math.ceil(rate / min(rates.values()) - 1e-9)
+    per_stamp = rate / stamps
+    per_region = max(1, math.floor(quota / per_stamp + 1e-9))
+    regions = math.ceil(stamps / per_region)
+    return {"orders_per_second": rate, "stamps": stamps, "regions": regions, "orders_per_second_per_stamp": per_stamp,
+            "stamp_ceiling": min(rates.values()), "stamp_bottleneck": next(iter(rates))}
 
 
 # --- the peers ------------------------------------------------------------------------------
@@ -591,7 +639,8 @@ def _shape_text(shape: Shape) -> str:
     sb = "Standard" if shape.serviceBusSku == "Standard" else (
         f"Premium {shape.serviceBusCapacity} MU" + (f", {shape.serviceBusPartitions} partitions"
                                                     if shape.serviceBusPartitions > 1 else ""))
-    stamps = f"{shape.stamps} stamps × (" if shape.stamps > 1 else ""
+    regions = f" in {shape.regions} regions" if shape.regions > 1 else ""
+    stamps = f"{shape.stamps} stamps{regions} × (" if shape.stamps > 1 else ""
     storage = (f"host account + {shape.state_accounts} state account" + ("s" if shape.state_accounts > 1 else "")
                if shape.state_accounts else "1 account")
     storage += f", {shape.schedulerQueues} scheduler queues"
@@ -616,6 +665,8 @@ def markdown(c: Counts, limits: Limits, operations: dict, *, loads=DOC_LOADS, sa
         "| --- | ---: |",
         *(f"| {resource} | {rate:,.0f} |" for resource, rate in ceiling(LARGEST, c, limits,
                                                                          max_utilisation=max_utilisation).items()),
+        "",
+        _stamps_line(stamps_for(TARGET_RATE, LARGEST, c, limits, max_utilisation=max_utilisation)),
         "",
         "| orders/s | cheapest shape | saturates first (share) | Functions | Service Bus | tables | queues | "
         "total per million orders | per month |",
@@ -643,6 +694,14 @@ def markdown(c: Counts, limits: Limits, operations: dict, *, loads=DOC_LOADS, sa
             f"{_money(dts['usd_per_million_orders'])} ({dts['capacity_units']} CU) |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _stamps_line(needed: dict[str, Any]) -> str:
+    return (f"{needed['orders_per_second']:,.0f} orders/s takes {needed['stamps']} such stamps "
+            f"({needed['orders_per_second_per_stamp']:,.0f} orders/s each) in {needed['regions']} region(s) or "
+            f"subscription(s): the Flex memory quota is per subscription and region, so the stamps of one region "
+            f"share it (or ask Azure Support to raise it). The cheapest shapes below need fewer of the largest "
+            f"parts.")
 
 
 def update_docs(doc: Path, markdown_text: str) -> None:
@@ -701,7 +760,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="steps per order (default: the measured workflow's)")
     parser.add_argument("--shape", help="key=value,... of serviceBusSku, serviceBusCapacity, serviceBusPartitions, "
                         "separateStateStorage, stateStorageAccounts, maximumInstanceCount, instanceMemoryMB, "
-                        "activeIndexShards, serviceBusMaxConcurrentCalls, schedulerQueues, stamps "
+                        "activeIndexShards, serviceBusMaxConcurrentCalls, schedulerQueues, stamps, regions "
                         "(default: the cheapest shape that holds the load)")
     parser.add_argument("--max-utilisation", type=float, default=MAX_UTILISATION,
                         help="the share of each limit the cheapest shape may use (default 0.8)")
@@ -716,7 +775,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--markdown", action="store_true", help="print docs/scale.md's tables (100, 1,000, 10,000 orders/s)")
     parser.add_argument("--ceiling", action="store_true",
-                        help="the orders/s one stamp of the shape (default: the largest) allows, resource by resource")
+                        help="the orders/s one stamp of the shape (default: the largest) allows, resource by resource, "
+                        "and the stamps (and regions) it takes for --orders-per-second (default 10,000)")
     parser.add_argument("--chart", type=Path, help="write the cost chart (PNG) here")
     parser.add_argument("--update-docs", action="store_true",
                         help="rewrite docs/scale.md's generated tables and docs/cost.png (after make bench)")
@@ -742,14 +802,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.ceiling:
             shape = Shape.parse(args.shape) if args.shape else LARGEST
             rates = ceiling(shape, c, limits, max_utilisation=args.max_utilisation, order_seconds=args.order_seconds)
+            target = args.orders_per_second or TARGET_RATE
+            needed = stamps_for(target, shape, c, limits, max_utilisation=args.max_utilisation,
+                                order_seconds=args.order_seconds)
             if args.json:
                 print(json.dumps({"shape": asdict(shape), "max_utilisation": args.max_utilisation,
                                   "orders_per_second_by_resource": rates, "bottleneck": next(iter(rates)),
-                                  "orders_per_second": next(iter(rates.values()))}, indent=2))
+                                  "orders_per_second": next(iter(rates.values())), "stamps_for": needed}, indent=2))
             else:
                 print(f"one stamp of: {_shape_text(shape)}; orders/s at {args.max_utilisation:.0%} of each limit")
                 for resource, rate in rates.items():
                     print(f"  {resource:38} {rate:10,.0f}")
+                print(f"{target:,.0f} orders/s: {needed['stamps']} stamps of it ({needed['orders_per_second_per_stamp']:,.0f} "
+                      f"orders/s each), in {needed['regions']} region(s) or subscription(s) (the Flex memory quota "
+                      f"is per subscription and region)")
             return 0
         if args.orders_per_second is None:
             parser.error("--orders-per-second is required (or --ceiling / --markdown / --chart / --update-docs)")

@@ -183,8 +183,45 @@ def test_a_cheapest_shape_holds_10000_orders_per_second(counts, limits):
     assert again.utilisation == result.utilisation
     # One fewer stamp, all else equal, breaks some limit (the search did not over-provision).
     if result.shape.stamps > 1:
-        fewer = capacity.evaluate(10_000, replace(result.shape, stamps=result.shape.stamps - 1), counts, limits)
+        stamps = result.shape.stamps - 1
+        fewer = capacity.evaluate(10_000, replace(result.shape, stamps=stamps, regions=min(stamps, result.shape.regions)),
+                                  counts, limits)
         assert not fewer.holds(capacity.MAX_UTILISATION)
+
+
+def test_stamps_in_one_region_share_its_memory_quota(counts, limits):
+    """Flex Consumption's memory quota is per subscription and region: two stamps in one
+    region use twice the quota one does; in two regions, each uses its own."""
+    two = replace(capacity.LARGEST, stamps=2)
+    together = capacity.evaluate(4000, replace(two, regions=1), counts, limits).utilisation
+    apart = capacity.evaluate(4000, replace(two, regions=2), counts, limits).utilisation
+    assert together["functions.regional_memory_quota"] == pytest.approx(2 * apart["functions.regional_memory_quota"])
+    assert {k: v for k, v in together.items() if k != "functions.regional_memory_quota"} == {
+        k: v for k, v in apart.items() if k != "functions.regional_memory_quota"}
+
+
+def test_at_10000_orders_per_second_the_cheapest_shape_spreads_its_stamps_over_the_regions_it_needs(counts, limits):
+    result = capacity.cheapest(capacity.TARGET_RATE, counts, limits)
+    assert result.shape.stamps > 1 and result.holds(capacity.MAX_UTILISATION)
+    if result.shape.regions > 1:  # fewer regions would overfill one region's memory quota
+        crowded = capacity.evaluate(capacity.TARGET_RATE, replace(result.shape, regions=result.shape.regions - 1),
+                                    counts, limits)
+        assert crowded.utilisation["functions.regional_memory_quota"] > capacity.MAX_UTILISATION
+
+
+def test_the_ceiling_says_how_many_stamps_and_regions_10000_orders_per_second_take(counts, limits, capsys):
+    needed = capacity.stamps_for(capacity.TARGET_RATE, capacity.LARGEST, counts, limits)
+    stamp = next(iter(capacity.ceiling(capacity.LARGEST, counts, limits).values()))
+    assert needed["stamps"] == math.ceil(capacity.TARGET_RATE / stamp)
+    shape = replace(capacity.LARGEST, stamps=needed["stamps"], regions=needed["regions"])
+    assert capacity.evaluate(capacity.TARGET_RATE, shape, counts, limits).holds(capacity.MAX_UTILISATION)
+    fewer = replace(shape, stamps=needed["stamps"] - 1, regions=min(needed["regions"], needed["stamps"] - 1))
+    assert not capacity.evaluate(capacity.TARGET_RATE, fewer, counts, limits).holds(capacity.MAX_UTILISATION)
+    assert capacity.main(["--ceiling", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["stamps_for"]["stamps"] == needed["stamps"] and printed["stamps_for"]["regions"] == needed["regions"]
+    assert capacity.main(["--ceiling"]) == 0
+    assert f"{needed['stamps']} stamps of it" in capsys.readouterr().out
 
 
 def test_the_cheapest_shape_costs_no_more_than_any_shape_that_holds(counts, limits):
@@ -265,6 +302,7 @@ def test_without_a_shape_it_prints_the_cheapest_and_steps_scale(capsys):
     ("stateStorageAccounts=0", "stateStorageAccounts must be 1 to"),
     ("stateStorageAccounts=65", "stateStorageAccounts must be 1 to"),
     ("noSuchParameter=1", "key=value pairs"),
+    ("stamps=2,regions=3", "cannot exceed stamps"),
 ])
 def test_a_bad_shape_is_refused_with_a_clear_error(capsys, shape, message):
     assert capacity.main(["--orders-per-second", "10", "--shape", shape]) == 2
