@@ -322,6 +322,10 @@ class _Scope:
             obj, index = (self.eval(c, local) for c in _named(node)[:2])
             if isinstance(obj, Unknown) or isinstance(index, Unknown):
                 return Unknown(text)
+            if isinstance(obj, _ModuleRef):  # one instance of a module loop: modules[i].outputs
+                return _ModuleRef(obj.symbol, index)
+            if isinstance(obj, ResourceRef):  # one instance of a resource loop: only Azure knows it
+                return Unknown(text)
             return obj[index]
         if t == "call_expression":
             return self._call(node, local)
@@ -393,6 +397,8 @@ class _Scope:
             if prop != "outputs":
                 return Unknown(text)
             results = self.module_results.get(obj.symbol) or self.run_module(obj.symbol)
+            if obj.index is not None:
+                return results[obj.index].outputs if 0 <= obj.index < len(results) else Unknown(text)
             if len(results) != 1:
                 return Unknown(text)
             return results[0].outputs
@@ -591,8 +597,9 @@ def _known(value: Any) -> bool:
 
 
 class _ModuleRef:
-    def __init__(self, symbol: str):
+    def __init__(self, symbol: str, index: int | None = None):
         self.symbol = symbol
+        self.index = index
 
 
 @dataclass(frozen=True)
