@@ -225,12 +225,15 @@ output AZURE_APPLICATION_INSIGHTS_NAME string = resources[0].outputs.AZURE_APPLI
 output AZURE_ORDERS_QUEUE_NAME string = resources[0].outputs.AZURE_ORDERS_QUEUE_NAME
 output AZURE_API_URL string = resources[0].outputs.AZURE_API_URL
 // Every stamp, in stamp order (the order clients pick from: core/names.py stamp_of): its
-// group, region, app, namespace, orders queue and status API.
+// group, region, app, accounts, namespace, orders queue and status API: what ordersctl's
+// settings for that stamp need (docs/deploy.md, "Stamps").
 output AZURE_STAMPS array = [for stamp in range(0, stamps): {
   stamp: stamp
   resourceGroup: stampGroupNames[stamp]
   location: stampRegions[stamp]
   functionAppName: resources[stamp].outputs.AZURE_FUNCTION_APP_NAME
+  storageAccountName: resources[stamp].outputs.AZURE_STORAGE_ACCOUNT_NAME
+  stateStorageAccountNames: resources[stamp].outputs.AZURE_STATE_STORAGE_ACCOUNT_NAMES
   serviceBusNamespace: resources[stamp].outputs.AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE
   ordersQueue: resources[stamp].outputs.AZURE_ORDERS_QUEUE_NAME
   apiUrl: resources[stamp].outputs.AZURE_API_URL

@@ -85,8 +85,8 @@ def test_the_outputs_list_every_stamp_with_its_namespace_queue_and_api():
     assert [s["location"] for s in stamps] == ["swedencentral", "norwayeast"]
     for entry in stamps:
         assert entry["ordersQueue"] == "orders"
-        assert set(entry) == {"stamp", "resourceGroup", "location", "functionAppName", "serviceBusNamespace",
-                              "ordersQueue", "apiUrl"}
+        assert set(entry) == {"stamp", "resourceGroup", "location", "functionAppName", "storageAccountName",
+                              "stateStorageAccountNames", "serviceBusNamespace", "ordersQueue", "apiUrl"}
     assert "AZURE_SERVICEBUS_STAMP_NAMESPACES" in deployed.outputs
 
 
