@@ -122,7 +122,7 @@ def state_account(order_id: str, accounts: int) -> int:
 #: At most this many stamps (infra/main.bicep ``stamps``).
 MAX_STAMPS = 16
 #: For clients and operators, not the app: the stamps' Service Bus namespaces, comma-separated
-#: in stamp order (main.bicep's output AZURE_SERVICEBUS_STAMP_NAMESPACES). ``ordersctl stamp``
+#: in stamp order (from main.bicep's output AZURE_STAMPS). ``ordersctl stamp``
 #: reads it, and ``ordersctl send-order`` refuses an order whose stamp is not the one its
 #: settings reach.
 ORDERS_STAMPS_SETTING = "ORDERS_STAMPS"

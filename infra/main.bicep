@@ -238,7 +238,7 @@ output AZURE_STAMPS array = [for stamp in range(0, stamps): {
   ordersQueue: resources[stamp].outputs.AZURE_ORDERS_QUEUE_NAME
   apiUrl: resources[stamp].outputs.AZURE_API_URL
 }]
-// The stamps' namespaces, comma-separated in stamp order: what ordersctl and the demo take
-// (ORDERS_STAMPS) to send each order to its stamp.
-var stampNamespaces = [for stamp in range(0, stamps): resources[stamp].outputs.AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE]
-output AZURE_SERVICEBUS_STAMP_NAMESPACES string = join(stampNamespaces, ',')
+// ORDERS_STAMPS for ordersctl (the namespaces, comma-separated in stamp order) is read
+// from AZURE_STAMPS (docs/deploy.md): a variable cannot hold module outputs (Resource
+// Manager resolves variables before any deployment runs), and a lambda cannot index a
+// module collection.

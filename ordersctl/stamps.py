@@ -14,7 +14,7 @@ class StampError(ValueError):
 
 def parse_stamps(text: str) -> list[str]:
     """``ORDERS_STAMPS``: the stamps' fully qualified namespaces, comma-separated, in stamp
-    order (main.bicep's AZURE_SERVICEBUS_STAMP_NAMESPACES)."""
+    order (the namespaces of main.bicep's output AZURE_STAMPS)."""
     stamps = [_host(part) for part in text.split(",") if part.strip()]
     if not 1 <= len(stamps) <= names.MAX_STAMPS:
         raise StampError(f"{names.ORDERS_STAMPS_SETTING} lists 1 to {names.MAX_STAMPS} namespaces, "
