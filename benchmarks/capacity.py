@@ -43,6 +43,7 @@ The model, stated once (docs/scale.md explains each line):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -198,6 +199,10 @@ class Counts:
     index_entities: float
     queue_operations: float
     queue_sends: float
+    #: Receives (GetMessages calls) per order as the bench counted them: one host, its
+    #: pollers backing off between the bench's orders; at load, Azure's are bounded per
+    #: poller instead (:func:`queue_receives_per_order`).
+    queue_receives: float
     sb_sends: float
     sb_deliveries: float
     sb_completes: float
@@ -260,6 +265,7 @@ def _counts(data: dict, steps: int | None, io_ms: float, remote_ms: float) -> Co
         index_entities=index,
         queue_operations=fixed["queue"]["total"],
         queue_sends=fixed["queue"]["by_operation"].get(azurite_log.FRIENDLY["Messages_Enqueue"], 0.0),
+        queue_receives=fixed["queue"]["by_operation"].get(azurite_log.FRIENDLY["Messages_Dequeue"], 0.0),
         sb_sends=sb_fixed["sends"] + k * sb_step["sends"],
         sb_deliveries=sb_fixed["deliveries"] + k * sb_step["deliveries"],
         sb_completes=sb_fixed["completes"] + k * sb_step["completes"],
@@ -270,6 +276,39 @@ def _counts(data: dict, steps: int | None, io_ms: float, remote_ms: float) -> Co
         cpu_seconds=cpu_ms / 1000,
         row_bytes=rows,
     )
+
+
+# --- the scheduler's queue polling ------------------------------------------------------------
+
+HOST_JSON = ROOT / "host.json"
+
+
+def queue_polling(path: Path = HOST_JSON) -> dict[str, float]:
+    """host.json's queue trigger settings the polling model needs (Functions' defaults where unset)."""
+    queues = _load_json(path, "host.json").get("extensions", {}).get("queues", {})
+    h, m, sec = (float(part) for part in queues.get("maxPollingInterval", "00:01:00").split(":"))
+    return {"max_polling_interval_s": h * 3600 + m * 60 + sec, "batch_size": float(queues.get("batchSize", 16))}
+
+
+def queue_receives_per_order(rate: float, shape: Shape, c: Counts, limits: Limits, polling: dict[str, float]) -> float:
+    """GetMessages calls per order on the scheduler's queues, in Azure, at ``rate`` orders/s
+    per stamp. Each queue's function scales on instances of its own (Flex per-function
+    scaling), as many as its CPU needs; each instance polls its queue at least every
+    maxPollingInterval (idle) and at most every 100 ms, each poll taking up to batchSize
+    messages. Between those bounds the bench's own count (receives per nudge) stands: it
+    includes the empty polls of a host backing off between messages."""
+    if c.queue_sends <= 0:
+        return c.queue_receives
+    per_queue = rate * c.queue_sends / shape.schedulerQueues
+    cores = limits[f"functions.flex.cores.{shape.instanceMemoryMB}"]
+    pollers = max(1, math.ceil(per_queue * (c.cpu_seconds / c.executions) / cores - 1e-9))
+    fastest = pollers / limits["functions.queue_trigger.min_polling_interval_s"]
+    idle = pollers / polling["max_polling_interval_s"]
+    needed = per_queue / polling["batch_size"]
+    calls = max(idle, needed, min(per_queue * c.queue_receives / c.queue_sends, fastest))
+    # The queue of before the sharding is still read, idle, by one instance.
+    calls_total = shape.schedulerQueues * calls + 1 / polling["max_polling_interval_s"]
+    return calls_total / rate
 
 
 # --- the shape ----------------------------------------------------------------------------
@@ -410,12 +449,17 @@ def _tiered(quantity: float, tiers: list[list[float | None]]) -> float:
     return cost
 
 
-def evaluate(rate: float, shape: Shape, c: Counts, limits: Limits, *, order_seconds: float = 1.0) -> Result:
+def evaluate(rate: float, shape: Shape, c: Counts, limits: Limits, *, order_seconds: float = 1.0,
+             polling: dict[str, float] | None = None) -> Result:
     """Each resource's use as a share of its limit, and the cost per million orders."""
     if rate <= 0:
         raise CapacityError(f"--orders-per-second must be positive, not {rate}")
     shape.check()
     r = rate / shape.stamps
+    # The storage-queue operations at this load: the bench's sends, deletes and updates per
+    # order, and Azure's receives (polls) at this rate per stamp.
+    receives = queue_receives_per_order(r, shape, c, limits, polling or _POLLING())
+    queue_operations = c.queue_operations - c.queue_receives + receives
     util: dict[str, float] = {}
     detail: dict[str, dict[str, Any]] = {}
 
@@ -440,9 +484,9 @@ def evaluate(rate: float, shape: Shape, c: Counts, limits: Limits, *, order_seco
     if shape.state_accounts:
         use("storage.account.state", r * c.table_requests / shape.state_accounts, account,
             f"requests/s (tables) on each of {shape.state_accounts} state account(s)")
-        use("storage.account.host", r * c.queue_operations, account, "requests/s (storage queues)")
+        use("storage.account.host", r * queue_operations, account, "requests/s (storage queues)")
     else:
-        use("storage.account", r * (c.table_requests + c.queue_operations), account, "requests/s (tables + queues)")
+        use("storage.account", r * (c.table_requests + queue_operations), account, "requests/s (tables + queues)")
     use("queue.scheduler", r * c.queue_sends / shape.schedulerQueues, limits["queue.messages_per_second"],
         f"messages/s enqueued on each of {shape.schedulerQueues} scheduler queue(s)")
     # Functions.
@@ -468,10 +512,15 @@ def evaluate(rate: float, shape: Shape, c: Counts, limits: Limits, *, order_seco
     servicebus = monthly / orders_month * million
     tables = million * (c.table_requests * limits["price.table.transactions_per_10k"] / 1e4
                         + c.row_bytes / 1e9 * limits["price.table.gb_month"])
-    queues = million * c.queue_operations * limits["price.queue.operations_per_10k"] / 1e4
+    queues = million * queue_operations * limits["price.queue.operations_per_10k"] / 1e4
     cost = {"functions": functions, "servicebus": servicebus, "tables": tables, "queues": queues}
     cost["total"] = sum(cost.values())
     return Result(rate, c.steps, shape, util, detail, cost, instances)
+
+
+@functools.cache
+def _POLLING() -> dict[str, float]:  # noqa: N802 - a constant read once
+    return queue_polling()
 
 
 def _sized(rate: float, shape: Shape, c: Counts, limits: Limits, ceiling: float, order_seconds: float) -> Shape | None:
@@ -564,10 +613,25 @@ def ceiling(shape: Shape, c: Counts, limits: Limits, *, max_utilisation: float =
     """The orders/s each resource of one stamp of ``shape`` allows at ``max_utilisation``,
     lowest first (the resources whose use does not grow with the load are left out)."""
     one = replace(shape, stamps=1, regions=1)
-    at_1 = evaluate(1, one, c, limits, order_seconds=order_seconds).utilisation
-    at_2 = evaluate(2, one, c, limits, order_seconds=order_seconds).utilisation
-    rates = {resource: max_utilisation / share for resource, share in at_1.items()
-             if share > 0 and not math.isclose(at_2[resource], share)}
+
+    def share(resource: str, rate: float) -> float:
+        return evaluate(rate, one, c, limits, order_seconds=order_seconds).utilisation[resource]
+
+    at_1k = evaluate(1000, one, c, limits, order_seconds=order_seconds).utilisation
+    at_2k = evaluate(2000, one, c, limits, order_seconds=order_seconds).utilisation
+    rates = {}
+    for resource, used in at_1k.items():
+        if used <= 0 or math.isclose(at_2k[resource], used):
+            continue  # does not grow with the load
+        # Use grows with the load, not always in proportion (the queues' polls are bounded
+        # per poller): bisect for the rate at which it reaches the share.
+        low, high = 0.0, 1000.0
+        while share(resource, high) < max_utilisation:
+            low, high = high, high * 2
+        for _ in range(60):
+            middle = (low + high) / 2
+            low, high = (middle, high) if share(resource, middle) < max_utilisation else (low, middle)
+        rates[resource] = high
     return dict(sorted(rates.items(), key=lambda item: item[1]))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from datetime import date
 
 import pytest
 
@@ -42,7 +43,7 @@ def test_every_row_of_the_limits_table_names_its_source_and_the_day_it_was_read(
     assert len(names) == len(set(names)), "a fact is kept once"
     for row in rows:
         assert row["source"].startswith("https://"), row["name"]
-        assert row["read"] == "2026-11-24" or row.get("page_date"), row["name"]
+        assert date.fromisoformat(row["read"]) <= date.today(), row["name"]
         for key in ("unit", "scope", "past_limit", "note"):
             assert key in row, (row["name"], key)
         if row["value"] is None:
@@ -246,10 +247,42 @@ def test_costs_add_up(counts, limits):
     premium = capacity.evaluate(1000, Shape(serviceBusSku="Premium", serviceBusCapacity=8), counts, limits)
     per_hour = limits["price.servicebus.premium.mu_per_hour"] * 8
     assert premium.cost_per_million_orders_usd["servicebus"] == pytest.approx(per_hour / (1000 * 3600) * 1e6)
-    # Tables and queues are per operation: the same per order at any load.
+    # Tables are per operation: the same per order at any load. Queues are per operation
+    # too, with the polls (receives) of the load's rate.
     small = capacity.evaluate(10, Shape(), counts, limits).cost_per_million_orders_usd
     assert small["tables"] == pytest.approx(premium.cost_per_million_orders_usd["tables"])
-    assert small["queues"] == pytest.approx(counts.queue_operations * limits["price.queue.operations_per_10k"] * 100)
+    polls = capacity.queue_receives_per_order(10, Shape(), counts, limits, capacity.queue_polling())
+    operations = counts.queue_operations - counts.queue_receives + polls
+    assert small["queues"] == pytest.approx(operations * limits["price.queue.operations_per_10k"] * 100)
+
+
+def test_the_polling_model_reads_host_json():
+    polling = capacity.queue_polling()
+    host = json.loads(capacity.HOST_JSON.read_text(encoding="utf-8"))["extensions"]["queues"]
+    assert polling["batch_size"] == host["batchSize"]
+    h, m, s = (float(x) for x in host["maxPollingInterval"].split(":"))
+    assert polling["max_polling_interval_s"] == h * 3600 + m * 60 + s
+
+
+def test_the_scheduler_queues_polls_per_order_fall_with_the_load_within_the_documented_bounds(counts, limits):
+    """Each queue's pollers poll at most every 100 ms and at least every maxPollingInterval,
+    each poll taking up to batchSize messages: at low load the bench's own count (with its
+    empty polls) stands, at high load the 100-ms bound caps the polls per order."""
+    polling = capacity.queue_polling()
+    shape = Shape(serviceBusSku="Premium", serviceBusCapacity=8)
+
+    def per_order(rate):
+        return capacity.queue_receives_per_order(rate, shape, counts, limits, polling)
+
+    assert per_order(10) >= counts.queue_receives  # the bench's count, or the idle floor above it
+    assert per_order(1000) < per_order(100) < per_order(10)
+    # At 1,000 orders/s: 125 nudges/s per queue, read by the instances its CPU needs.
+    per_queue = 1000 * counts.queue_sends / shape.schedulerQueues
+    cores = limits["functions.flex.cores.2048"]
+    pollers = math.ceil(per_queue * counts.cpu_seconds / counts.executions / cores)
+    fastest = shape.schedulerQueues * pollers / limits["functions.queue_trigger.min_polling_interval_s"]
+    assert per_order(1000) <= (fastest + 1 / polling["max_polling_interval_s"]) / 1000
+    assert per_order(1000) >= shape.schedulerQueues * (per_queue / polling["batch_size"]) / 1000
 
 
 def test_tiered_prices_are_charged_tier_by_tier():
