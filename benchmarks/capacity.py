@@ -29,12 +29,14 @@ The model, stated once (docs/scale.md explains each line):
   id; with the storage queues too when the tables share the host's account), against
   20,000 requests/s; the host's account takes the storage-queue operations.
 - The scheduler's storage queues: messages enqueued/s on one of the ``schedulerQueues``
-  (core/names.py, orders spread evenly by id) against 2,000.
+  (core/names.py, orders spread evenly by id) against 2,000; their polls per order at the
+  load's rate (:func:`queue_receives_per_order`: each queue's pollers poll at most every
+  100 ms and at least every host.json ``maxPollingInterval``).
 - Functions: an instance is busy per order for the longer of the host's CPU time over
   the instance's cores and the executions' waits (``--io-ms`` each, plus ``--remote-ms``
   for an agent's call) over its concurrency (``serviceBusMaxConcurrentCalls``);
   instances = orders/s x that, against ``maximumInstanceCount`` and the region's memory
-  quota. Billed: those busy seconds x the instance's memory, and every execution.
+  quota, which the stamps of one region share (``regions``). Billed: those busy seconds x the instance's memory, and every execution.
 - Costs per million orders: Functions (GB-s and executions), Service Bus (Standard's
   tiered operations and base charge, or Premium's messaging units by the hour), tables
   (transactions, and a month of the order's rows kept), queues (operations).
