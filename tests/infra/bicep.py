@@ -118,6 +118,8 @@ class Deployment:
     resources: list[Resource] = field(default_factory=list)
     outputs: dict[str, Any] = field(default_factory=dict)
     modules: dict[str, list[Deployment]] = field(default_factory=dict)
+    #: The parameters it was evaluated with (a module's, as its caller passed them).
+    params: dict[str, Any] = field(default_factory=dict)
 
     def all_resources(self) -> list[Resource]:
         found = list(self.resources)
@@ -660,7 +662,7 @@ def evaluate(path: Path | str, params: dict[str, Any] | None = None) -> Deployme
     if unknown_params:
         raise BicepError(f"{path}: no such parameters {sorted(unknown_params)}")
     scope = _Scope(tpl, dict(params or {}))
-    deployment = Deployment(path)
+    deployment = Deployment(path, params=dict(params or {}))
     by_symbol: dict[str, list[Resource]] = {}
     for symbol, decl in tpl.resources.items():
         type_name, _, version = decl.type_text.partition("@")

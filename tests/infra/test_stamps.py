@@ -15,11 +15,11 @@ NAMESPACE = "Microsoft.ServiceBus/namespaces"
 SITE = "Microsoft.Web/sites"
 
 
+RESOURCES = MAIN.parent / "resources.bicep"
+
+
 def deploy(**params) -> bicep.Deployment:
     return bicep.evaluate(MAIN, {**DEPLOY_PARAMS, **params})
-
-
-RESOURCES = MAIN.parent / "resources.bicep"
 
 
 def resource_token(**params) -> tuple:
@@ -74,6 +74,8 @@ def test_every_stamp_gets_names_of_its_own():
     # main.bicep hands each stamp its number and its region.
     deployed = deploy(stamps=3, stampLocations=["swedencentral", "westeurope"])
     stamps = deployed.modules["resources"]
+    assert [d.params["stamp"] for d in stamps] == [0, 1, 2]
+    assert [d.params["location"] for d in stamps] == ["swedencentral", "westeurope", "swedencentral"]
     assert [d.outputs["AZURE_ORDERS_QUEUE_NAME"] for d in stamps] == ["orders"] * 3
 
 
@@ -98,11 +100,11 @@ def test_no_variable_holds_a_module_output():
     assert not offending, offending
 
 
-@pytest.mark.parametrize(("decorator", "name"), [("@minValue(1)", "stamps"), ("@maxValue(16)", "stamps")])
-def test_the_stamp_count_is_bounded_as_core_names_bounds_it(decorator, name):
+@pytest.mark.parametrize(("path", "name", "low", "high"), [(MAIN, "stamps", 1, 16), (RESOURCES, "stamp", 0, 15)])
+def test_the_stamp_count_is_bounded_as_core_names_bounds_it(path, name, low, high):
     from core import names
 
-    assert names.MAX_STAMPS == 16
-    lines = MAIN.read_text().splitlines()
+    assert high == names.MAX_STAMPS - (name == "stamp")
+    lines = path.read_text().splitlines()
     (at,) = [i for i, line in enumerate(lines) if line.startswith(f"param {name} ")]
-    assert decorator in lines[at - 4 : at]
+    assert f"@minValue({low})" in lines[at - 4 : at] and f"@maxValue({high})" in lines[at - 4 : at]
