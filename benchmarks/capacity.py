@@ -29,12 +29,14 @@ The model, stated once (docs/scale.md explains each line):
   id; with the storage queues too when the tables share the host's account), against
   20,000 requests/s; the host's account takes the storage-queue operations.
 - The scheduler's storage queues: messages enqueued/s on one of the ``schedulerQueues``
-  (core/names.py, orders spread evenly by id) against 2,000.
+  (core/names.py, orders spread evenly by id) against 2,000; their polls per order at the
+  load's rate (:func:`queue_receives_per_order`: each queue's pollers poll at most every
+  100 ms and at least every host.json ``maxPollingInterval``).
 - Functions: an instance is busy per order for the longer of the host's CPU time over
   the instance's cores and the executions' waits (``--io-ms`` each, plus ``--remote-ms``
   for an agent's call) over its concurrency (``serviceBusMaxConcurrentCalls``);
   instances = orders/s x that, against ``maximumInstanceCount`` and the region's memory
-  quota. Billed: those busy seconds x the instance's memory, and every execution.
+  quota, which the stamps of one region share (``regions``). Billed: those busy seconds x the instance's memory, and every execution.
 - Costs per million orders: Functions (GB-s and executions), Service Bus (Standard's
   tiered operations and base charge, or Premium's messaging units by the hour), tables
   (transactions, and a month of the order's rows kept), queues (operations).
@@ -43,6 +45,7 @@ The model, stated once (docs/scale.md explains each line):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -198,6 +201,10 @@ class Counts:
     index_entities: float
     queue_operations: float
     queue_sends: float
+    #: Receives (GetMessages calls) per order as the bench counted them: one host, its
+    #: pollers backing off between the bench's orders; at load, Azure's are bounded per
+    #: poller instead (:func:`queue_receives_per_order`).
+    queue_receives: float
     sb_sends: float
     sb_deliveries: float
     sb_completes: float
@@ -260,6 +267,7 @@ def _counts(data: dict, steps: int | None, io_ms: float, remote_ms: float) -> Co
         index_entities=index,
         queue_operations=fixed["queue"]["total"],
         queue_sends=fixed["queue"]["by_operation"].get(azurite_log.FRIENDLY["Messages_Enqueue"], 0.0),
+        queue_receives=fixed["queue"]["by_operation"].get(azurite_log.FRIENDLY["Messages_Dequeue"], 0.0),
         sb_sends=sb_fixed["sends"] + k * sb_step["sends"],
         sb_deliveries=sb_fixed["deliveries"] + k * sb_step["deliveries"],
         sb_completes=sb_fixed["completes"] + k * sb_step["completes"],
@@ -270,6 +278,39 @@ def _counts(data: dict, steps: int | None, io_ms: float, remote_ms: float) -> Co
         cpu_seconds=cpu_ms / 1000,
         row_bytes=rows,
     )
+
+
+# --- the scheduler's queue polling ------------------------------------------------------------
+
+HOST_JSON = ROOT / "host.json"
+
+
+def queue_polling(path: Path = HOST_JSON) -> dict[str, float]:
+    """host.json's queue trigger settings the polling model needs (Functions' defaults where unset)."""
+    queues = _load_json(path, "host.json").get("extensions", {}).get("queues", {})
+    h, m, sec = (float(part) for part in queues.get("maxPollingInterval", "00:01:00").split(":"))
+    return {"max_polling_interval_s": h * 3600 + m * 60 + sec, "batch_size": float(queues.get("batchSize", 16))}
+
+
+def queue_receives_per_order(rate: float, shape: Shape, c: Counts, limits: Limits, polling: dict[str, float]) -> float:
+    """GetMessages calls per order on the scheduler's queues, in Azure, at ``rate`` orders/s
+    per stamp. Each queue's function scales on instances of its own (Flex per-function
+    scaling), as many as its CPU needs; each instance polls its queue at least every
+    maxPollingInterval (idle) and at most every 100 ms, each poll taking up to batchSize
+    messages. Between those bounds the bench's own count (receives per nudge) stands: it
+    includes the empty polls of a host backing off between messages."""
+    if c.queue_sends <= 0:
+        return c.queue_receives
+    per_queue = rate * c.queue_sends / shape.schedulerQueues
+    cores = limits[f"functions.flex.cores.{shape.instanceMemoryMB}"]
+    pollers = max(1, math.ceil(per_queue * (c.cpu_seconds / c.executions) / cores - 1e-9))
+    fastest = pollers / limits["functions.queue_trigger.min_polling_interval_s"]
+    idle = pollers / polling["max_polling_interval_s"]
+    needed = per_queue / polling["batch_size"]
+    calls = max(idle, needed, min(per_queue * c.queue_receives / c.queue_sends, fastest))
+    # The queue of before the sharding is still read, idle, by one instance.
+    calls_total = shape.schedulerQueues * calls + 1 / polling["max_polling_interval_s"]
+    return calls_total / rate
 
 
 # --- the shape ----------------------------------------------------------------------------
@@ -291,7 +332,17 @@ class Shape:
     stateStorageAccounts: int = 1  # noqa: N815
     #: The scheduler's storage queues: a constant of the app (core/names.py), here for what-ifs.
     schedulerQueues: int = names.SCHEDULER_QUEUE_SHARDS  # noqa: N815
+    #: Whole deployments the orders are spread over (infra/main.bicep ``stamps``; core/names.py
+    #: ``stamp_of``), each with its own namespace, accounts and function app.
     stamps: int = 1
+    #: Regions (or subscriptions) the stamps are spread over, evenly (main.bicep
+    #: ``stampLocations``): Flex Consumption's memory quota is per subscription and region,
+    #: so the stamps in one region share it.
+    regions: int = 1
+
+    @property
+    def stamps_per_region(self) -> int:
+        return math.ceil(self.stamps / self.regions)
 
     @property
     def state_accounts(self) -> int:
@@ -312,9 +363,12 @@ class Shape:
             raise CapacityError(f"stateStorageAccounts must be 1 to {names.MAX_STATE_STORAGE_ACCOUNTS}, not "
                                 f"{self.stateStorageAccounts}")
         for name in ("maximumInstanceCount", "activeIndexShards", "serviceBusMaxConcurrentCalls", "schedulerQueues",
-                     "stamps"):
+                     "stamps", "regions"):
             if getattr(self, name) < 1:
                 raise CapacityError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.regions > self.stamps:
+            raise CapacityError(f"regions ({self.regions}) cannot exceed stamps ({self.stamps}): a region holds "
+                                f"at least one stamp")
         if self.maximumInstanceCount > 1000:
             raise CapacityError(f"maximumInstanceCount is at most 1000 on Flex Consumption, not "
                                 f"{self.maximumInstanceCount}")
@@ -397,12 +451,17 @@ def _tiered(quantity: float, tiers: list[list[float | None]]) -> float:
     return cost
 
 
-def evaluate(rate: float, shape: Shape, c: Counts, limits: Limits, *, order_seconds: float = 1.0) -> Result:
+def evaluate(rate: float, shape: Shape, c: Counts, limits: Limits, *, order_seconds: float = 1.0,
+             polling: dict[str, float] | None = None) -> Result:
     """Each resource's use as a share of its limit, and the cost per million orders."""
     if rate <= 0:
         raise CapacityError(f"--orders-per-second must be positive, not {rate}")
     shape.check()
     r = rate / shape.stamps
+    # The storage-queue operations at this load: the bench's sends, deletes and updates per
+    # order, and Azure's receives (polls) at this rate per stamp.
+    receives = queue_receives_per_order(r, shape, c, limits, polling or _POLLING())
+    queue_operations = c.queue_operations - c.queue_receives + receives
     util: dict[str, float] = {}
     detail: dict[str, dict[str, Any]] = {}
 
@@ -427,9 +486,9 @@ def evaluate(rate: float, shape: Shape, c: Counts, limits: Limits, *, order_seco
     if shape.state_accounts:
         use("storage.account.state", r * c.table_requests / shape.state_accounts, account,
             f"requests/s (tables) on each of {shape.state_accounts} state account(s)")
-        use("storage.account.host", r * c.queue_operations, account, "requests/s (storage queues)")
+        use("storage.account.host", r * queue_operations, account, "requests/s (storage queues)")
     else:
-        use("storage.account", r * (c.table_requests + c.queue_operations), account, "requests/s (tables + queues)")
+        use("storage.account", r * (c.table_requests + queue_operations), account, "requests/s (tables + queues)")
     use("queue.scheduler", r * c.queue_sends / shape.schedulerQueues, limits["queue.messages_per_second"],
         f"messages/s enqueued on each of {shape.schedulerQueues} scheduler queue(s)")
     # Functions.
@@ -437,8 +496,10 @@ def evaluate(rate: float, shape: Shape, c: Counts, limits: Limits, *, order_seco
     busy = max(c.cpu_seconds / cores, c.execution_seconds / shape.serviceBusMaxConcurrentCalls)
     instances = r * busy
     use("functions.instances", instances, shape.maximumInstanceCount, "instances busy")
-    use("functions.regional_memory_quota", instances * shape.instanceMemoryMB,
-        limits["functions.flex.regional_memory_quota_mb"], "MB of instance memory")
+    # The quota is the subscription's in a region: the stamps sharing a region share it.
+    use("functions.regional_memory_quota", instances * shape.instanceMemoryMB * shape.stamps_per_region,
+        limits["functions.flex.regional_memory_quota_mb"],
+        f"MB of instance memory in one region ({shape.stamps_per_region} stamp(s) there)")
 
     # Cost per million orders.
     million = 1e6
@@ -453,10 +514,15 @@ def evaluate(rate: float, shape: Shape, c: Counts, limits: Limits, *, order_seco
     servicebus = monthly / orders_month * million
     tables = million * (c.table_requests * limits["price.table.transactions_per_10k"] / 1e4
                         + c.row_bytes / 1e9 * limits["price.table.gb_month"])
-    queues = million * c.queue_operations * limits["price.queue.operations_per_10k"] / 1e4
+    queues = million * queue_operations * limits["price.queue.operations_per_10k"] / 1e4
     cost = {"functions": functions, "servicebus": servicebus, "tables": tables, "queues": queues}
     cost["total"] = sum(cost.values())
     return Result(rate, c.steps, shape, util, detail, cost, instances)
+
+
+@functools.cache
+def _POLLING() -> dict[str, float]:  # noqa: N802 - a constant read once
+    return queue_polling()
 
 
 def _sized(rate: float, shape: Shape, c: Counts, limits: Limits, ceiling: float, order_seconds: float) -> Shape | None:
@@ -502,11 +568,8 @@ def cheapest(rate: float, c: Counts, limits: Limits, *, max_utilisation: float =
                 for memory in (2048, 512, 4096):
                     base = Shape(serviceBusSku=sku, serviceBusCapacity=mu, separateStateStorage=separate,
                                  instanceMemoryMB=memory, stamps=stamps, serviceBusMaxConcurrentCalls=concurrency)
-                    shape = _sized(rate, base, c, limits, max_utilisation, order_seconds)
-                    if shape is None:
-                        continue
-                    result = evaluate(rate, shape, c, limits, order_seconds=order_seconds)
-                    if not result.holds(max_utilisation):
+                    result = _in_fewest_regions(rate, base, c, limits, max_utilisation, order_seconds)
+                    if result is None:
                         continue
                     held = by_stamps.get(stamps)
                     if held is None or _total(result) < _total(held) - 1e-9:
@@ -519,6 +582,23 @@ def cheapest(rate: float, c: Counts, limits: Limits, *, max_utilisation: float =
     lowest = min(_total(result) for result in by_stamps.values())
     return next(by_stamps[stamps] for stamps in sorted(by_stamps)
                 if _total(by_stamps[stamps]) <= lowest * (1 + stamp_tolerance))
+
+
+def _in_fewest_regions(rate: float, base: Shape, c: Counts, limits: Limits, max_utilisation: float,
+                       order_seconds: float) -> Result | None:
+    """``base`` sized for ``rate`` in the fewest regions whose memory quota holds its stamps
+    (a region more costs nothing in the model, but is one more place to run); None if no
+    spread holds."""
+    for regions in range(1, base.stamps + 1):
+        shape = _sized(rate, replace(base, regions=regions), c, limits, max_utilisation, order_seconds)
+        if shape is None:
+            return None
+        result = evaluate(rate, shape, c, limits, order_seconds=order_seconds)
+        if result.holds(max_utilisation):
+            return result
+        if result.bottleneck != "functions.regional_memory_quota":
+            return None  # more regions relieve the quota only
+    return None
 
 
 def _total(result: Result) -> float:
@@ -534,12 +614,46 @@ def ceiling(shape: Shape, c: Counts, limits: Limits, *, max_utilisation: float =
             order_seconds: float = 1.0) -> dict[str, float]:
     """The orders/s each resource of one stamp of ``shape`` allows at ``max_utilisation``,
     lowest first (the resources whose use does not grow with the load are left out)."""
-    one = replace(shape, stamps=1)
-    at_1 = evaluate(1, one, c, limits, order_seconds=order_seconds).utilisation
-    at_2 = evaluate(2, one, c, limits, order_seconds=order_seconds).utilisation
-    rates = {resource: max_utilisation / share for resource, share in at_1.items()
-             if share > 0 and not math.isclose(at_2[resource], share)}
+    one = replace(shape, stamps=1, regions=1)
+
+    def share(resource: str, rate: float) -> float:
+        return evaluate(rate, one, c, limits, order_seconds=order_seconds).utilisation[resource]
+
+    at_1k = evaluate(1000, one, c, limits, order_seconds=order_seconds).utilisation
+    at_2k = evaluate(2000, one, c, limits, order_seconds=order_seconds).utilisation
+    rates = {}
+    for resource, used in at_1k.items():
+        if used <= 0 or math.isclose(at_2k[resource], used):
+            continue  # does not grow with the load
+        # Use grows with the load, not always in proportion (the queues' polls are bounded
+        # per poller): bisect for the rate at which it reaches the share.
+        low, high = 0.0, 1000.0
+        while share(resource, high) < max_utilisation:
+            low, high = high, high * 2
+        for _ in range(60):
+            middle = (low + high) / 2
+            low, high = (middle, high) if share(resource, middle) < max_utilisation else (low, middle)
+        rates[resource] = high
     return dict(sorted(rates.items(), key=lambda item: item[1]))
+
+
+#: The load docs/scale.md and ``--ceiling`` size the stamps for (orders/s): issue 20's target.
+TARGET_RATE = 10_000
+
+
+def stamps_for(rate: float, shape: Shape, c: Counts, limits: Limits, *, max_utilisation: float = MAX_UTILISATION,
+               order_seconds: float = 1.0) -> dict[str, Any]:
+    """How many stamps of ``shape`` hold ``rate`` with every resource at most
+    ``max_utilisation``, and over how many regions (or subscriptions) they must spread
+    for the Flex memory quota, which the stamps of one region share."""
+    rates = ceiling(shape, c, limits, max_utilisation=max_utilisation, order_seconds=order_seconds)
+    quota = rates.get("functions.regional_memory_quota", math.inf)
+    stamps = math.ceil(rate / min(rates.values()) - 1e-9)
+    per_stamp = rate / stamps
+    per_region = max(1, math.floor(quota / per_stamp + 1e-9))
+    regions = math.ceil(stamps / per_region)
+    return {"orders_per_second": rate, "stamps": stamps, "regions": regions, "orders_per_second_per_stamp": per_stamp,
+            "stamp_ceiling": min(rates.values()), "stamp_bottleneck": next(iter(rates))}
 
 
 # --- the peers ------------------------------------------------------------------------------
@@ -591,7 +705,8 @@ def _shape_text(shape: Shape) -> str:
     sb = "Standard" if shape.serviceBusSku == "Standard" else (
         f"Premium {shape.serviceBusCapacity} MU" + (f", {shape.serviceBusPartitions} partitions"
                                                     if shape.serviceBusPartitions > 1 else ""))
-    stamps = f"{shape.stamps} stamps × (" if shape.stamps > 1 else ""
+    regions = f" in {shape.regions} regions" if shape.regions > 1 else ""
+    stamps = f"{shape.stamps} stamps{regions} × (" if shape.stamps > 1 else ""
     storage = (f"host account + {shape.state_accounts} state account" + ("s" if shape.state_accounts > 1 else "")
                if shape.state_accounts else "1 account")
     storage += f", {shape.schedulerQueues} scheduler queues"
@@ -616,6 +731,8 @@ def markdown(c: Counts, limits: Limits, operations: dict, *, loads=DOC_LOADS, sa
         "| --- | ---: |",
         *(f"| {resource} | {rate:,.0f} |" for resource, rate in ceiling(LARGEST, c, limits,
                                                                          max_utilisation=max_utilisation).items()),
+        "",
+        _stamps_line(stamps_for(TARGET_RATE, LARGEST, c, limits, max_utilisation=max_utilisation)),
         "",
         "| orders/s | cheapest shape | saturates first (share) | Functions | Service Bus | tables | queues | "
         "total per million orders | per month |",
@@ -643,6 +760,14 @@ def markdown(c: Counts, limits: Limits, operations: dict, *, loads=DOC_LOADS, sa
             f"{_money(dts['usd_per_million_orders'])} ({dts['capacity_units']} CU) |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _stamps_line(needed: dict[str, Any]) -> str:
+    return (f"{needed['orders_per_second']:,.0f} orders/s takes {needed['stamps']} such stamps "
+            f"({needed['orders_per_second_per_stamp']:,.0f} orders/s each) in {needed['regions']} region(s) or "
+            f"subscription(s): the Flex memory quota is per subscription and region, so the stamps of one region "
+            f"share it (or ask Azure Support to raise it). The cheapest shapes below need fewer of the largest "
+            f"parts.")
 
 
 def update_docs(doc: Path, markdown_text: str) -> None:
@@ -701,7 +826,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="steps per order (default: the measured workflow's)")
     parser.add_argument("--shape", help="key=value,... of serviceBusSku, serviceBusCapacity, serviceBusPartitions, "
                         "separateStateStorage, stateStorageAccounts, maximumInstanceCount, instanceMemoryMB, "
-                        "activeIndexShards, serviceBusMaxConcurrentCalls, schedulerQueues, stamps "
+                        "activeIndexShards, serviceBusMaxConcurrentCalls, schedulerQueues, stamps, regions "
                         "(default: the cheapest shape that holds the load)")
     parser.add_argument("--max-utilisation", type=float, default=MAX_UTILISATION,
                         help="the share of each limit the cheapest shape may use (default 0.8)")
@@ -716,7 +841,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--markdown", action="store_true", help="print docs/scale.md's tables (100, 1,000, 10,000 orders/s)")
     parser.add_argument("--ceiling", action="store_true",
-                        help="the orders/s one stamp of the shape (default: the largest) allows, resource by resource")
+                        help="the orders/s one stamp of the shape (default: the largest) allows, resource by resource, "
+                        "and the stamps (and regions) it takes for --orders-per-second (default 10,000)")
     parser.add_argument("--chart", type=Path, help="write the cost chart (PNG) here")
     parser.add_argument("--update-docs", action="store_true",
                         help="rewrite docs/scale.md's generated tables and docs/cost.png (after make bench)")
@@ -742,14 +868,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.ceiling:
             shape = Shape.parse(args.shape) if args.shape else LARGEST
             rates = ceiling(shape, c, limits, max_utilisation=args.max_utilisation, order_seconds=args.order_seconds)
+            target = args.orders_per_second or TARGET_RATE
+            needed = stamps_for(target, shape, c, limits, max_utilisation=args.max_utilisation,
+                                order_seconds=args.order_seconds)
             if args.json:
                 print(json.dumps({"shape": asdict(shape), "max_utilisation": args.max_utilisation,
                                   "orders_per_second_by_resource": rates, "bottleneck": next(iter(rates)),
-                                  "orders_per_second": next(iter(rates.values()))}, indent=2))
+                                  "orders_per_second": next(iter(rates.values())), "stamps_for": needed}, indent=2))
             else:
                 print(f"one stamp of: {_shape_text(shape)}; orders/s at {args.max_utilisation:.0%} of each limit")
                 for resource, rate in rates.items():
                     print(f"  {resource:38} {rate:10,.0f}")
+                print(f"{target:,.0f} orders/s: {needed['stamps']} stamps of it ({needed['orders_per_second_per_stamp']:,.0f} "
+                      f"orders/s each), in {needed['regions']} region(s) or subscription(s) (the Flex memory quota "
+                      f"is per subscription and region)")
             return 0
         if args.orders_per_second is None:
             parser.error("--orders-per-second is required (or --ceiling / --markdown / --chart / --update-docs)")

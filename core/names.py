@@ -85,7 +85,9 @@ MAX_ACTIVE_INDEX_SHARDS = 256
 
 #: Which 8-byte slice of the order id's SHA-256 each spread reads: independent slices, so
 #: the index shards spread evenly within each state account, and the queues over both.
-_INDEX_SLICE, _ACCOUNT_SLICE, _QUEUE_SLICE = 0, 1, 2
+#: The fourth picks an order's stamp (:func:`stamp_of`), so each stamp's orders spread
+#: evenly over its accounts, shards and queues too.
+_INDEX_SLICE, _ACCOUNT_SLICE, _QUEUE_SLICE, _STAMP_SLICE = 0, 1, 2, 3
 
 
 def order_slot(order_id: str, count: int, *, slice_: int) -> int:
@@ -109,6 +111,35 @@ def state_account(order_id: str, accounts: int) -> int:
     if not 1 <= accounts <= MAX_STATE_STORAGE_ACCOUNTS:
         raise ValueError(f"the order state has 1 to {MAX_STATE_STORAGE_ACCOUNTS} accounts, not {accounts}")
     return order_slot(order_id, accounts, slice_=_ACCOUNT_SLICE)
+
+
+# --- Stamps: whole deployments, each order sent to the one its id picks ------------------
+# Past one deployment's ceiling the same app is deployed S times (infra/main.bicep
+# ``stamps``), and every client sends an order to the stamp its id picks (docs/scale.md,
+# "Past one deployment: stamps"). The deployments know nothing of each other; the rule
+# below, stated in the README for clients in any language, is the whole routing.
+
+#: At most this many stamps (infra/main.bicep ``stamps``).
+MAX_STAMPS = 16
+#: For clients and operators, not the app: the stamps' Service Bus namespaces, comma-separated
+#: in stamp order (from main.bicep's output AZURE_STAMPS). ``ordersctl stamp``
+#: reads it, and ``ordersctl send-order`` refuses an order whose stamp is not the one its
+#: settings reach.
+ORDERS_STAMPS_SETTING = "ORDERS_STAMPS"
+#: The routing rule in words, as the README and docs/deploy.md state it for clients.
+STAMP_RULE = (
+    "the last 8 bytes of the SHA-256 of the order id (UTF-8), read as a big-endian"
+    " unsigned integer, modulo the number of stamps"
+)
+
+
+def stamp_of(order_id: str, stamps: int) -> int:
+    """The stamp (0 to ``stamps`` - 1, its place in the deployment's stamp list) an order
+    is sent to: :data:`STAMP_RULE`. A slice of the hash apart from the index shard's, the
+    account's and the queue's, so within one stamp those still spread evenly."""
+    if not 1 <= stamps <= MAX_STAMPS:
+        raise ValueError(f"a deployment has 1 to {MAX_STAMPS} stamps, not {stamps}")
+    return order_slot(order_id, stamps, slice_=_STAMP_SLICE)
 
 
 # --- The scheduler's storage queues: one per shard, an order's nudges all in one ---------

@@ -147,22 +147,40 @@ param serviceBusScaleMonitoring bool = true
 @description('Application (client) id of the status API\'s Microsoft Entra ID app registration, with the app roles Orders.Read and Orders.Operate (docs/deploy.md creates it). Set: App Service Authentication admits only tokens for it, and the API checks the caller\'s role (API_AUTH=easyauth). Empty: no authentication is configured and the API refuses every call (API_AUTH=disabled).')
 param apiClientId string = ''
 
+// Past one deployment's ceiling (docs/scale.md, "Past one deployment: stamps"): the
+// Deployment Stamps pattern (learn.microsoft.com/azure/architecture/patterns/deployment-stamp,
+// read 2026-11-25). Each stamp is everything resources.bicep deploys, in a resource group of
+// its own; clients send each order to the stamp its id picks (core/names.py stamp_of).
+@minValue(1)
+@maxValue(16)
+@description('Stamps: whole, independent copies of the deployment (namespace, accounts, function app, alerts), each in a resource group of its own; every client sends an order to the stamp core/names.py stamp_of picks from its id (README, "Sending orders"). 1: one deployment, as without stamps. Fixed once orders flow: a changed count sends an order\'s resends to another stamp.')
+param stamps int = 1
+
+@description('Region of each stamp, in stamp order (stamp 0 first); a stamp without an entry is in location. Flex Consumption\'s memory quota is per subscription and region, so stamps in one region share it (docs/scale.md).')
+param stampLocations array = []
+
 // --- Resources -------------------------------------------------------------------------
 
-resource rg 'Microsoft.Resources/resourceGroups@2022-09-01' = {
-  name: !empty(resourceGroupName) ? resourceGroupName : 'rg-${environmentName}'
-  location: location
+// Stamp 0 keeps the names of a deployment without stamps (its group, its resourceToken).
+var baseResourceGroupName = !empty(resourceGroupName) ? resourceGroupName : 'rg-${environmentName}'
+var stampGroupNames = [for stamp in range(0, stamps): (stamp == 0 ? baseResourceGroupName : '${baseResourceGroupName}-stamp${stamp}')]
+var stampRegions = [for stamp in range(0, stamps): (stamp < length(stampLocations) ? stampLocations[stamp] : location)]
+
+resource rg 'Microsoft.Resources/resourceGroups@2022-09-01' = [for stamp in range(0, stamps): {
+  name: stampGroupNames[stamp]
+  location: stampRegions[stamp]
   tags: {
     'azd-env-name': environmentName
   }
-}
+}]
 
-module resources 'resources.bicep' = {
+module resources 'resources.bicep' = [for stamp in range(0, stamps): {
   name: 'resources'
-  scope: rg
+  scope: rg[stamp]
   params: {
     environmentName: environmentName
-    location: location
+    location: stampRegions[stamp]
+    stamp: stamp
     remoteInventoryUrl: remoteInventoryUrl
     remotePaymentsUrl: remotePaymentsUrl
     remoteShippingUrl: remoteShippingUrl
@@ -187,19 +205,40 @@ module resources 'resources.bicep' = {
     apiClientId: apiClientId
     traceSampleRatio: traceSampleRatio
   }
-}
+}]
 
 // --- Outputs (azd writes them to .azure/<env>/.env) ----------------------------------------
 
+// Stamp 0's, as without stamps (azd deploys the code to its app; docs/deploy.md deploys the others).
 output AZURE_LOCATION string = location
 output AZURE_TENANT_ID string = tenant().tenantId
-output AZURE_RESOURCE_GROUP string = rg.name
-output AZURE_FUNCTION_APP_NAME string = resources.outputs.AZURE_FUNCTION_APP_NAME
-output SERVICE_APP_NAME string = resources.outputs.AZURE_FUNCTION_APP_NAME
-output AZURE_STORAGE_ACCOUNT_NAME string = resources.outputs.AZURE_STORAGE_ACCOUNT_NAME
-output AZURE_STATE_STORAGE_ACCOUNT_NAME string = resources.outputs.AZURE_STATE_STORAGE_ACCOUNT_NAME
-output AZURE_STATE_STORAGE_ACCOUNT_NAMES string = resources.outputs.AZURE_STATE_STORAGE_ACCOUNT_NAMES
-output AZURE_SERVICEBUS_NAMESPACE_NAME string = resources.outputs.AZURE_SERVICEBUS_NAMESPACE_NAME
-output AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = resources.outputs.AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE
-output AZURE_MANAGED_IDENTITY_CLIENT_ID string = resources.outputs.AZURE_MANAGED_IDENTITY_CLIENT_ID
-output AZURE_APPLICATION_INSIGHTS_NAME string = resources.outputs.AZURE_APPLICATION_INSIGHTS_NAME
+output AZURE_RESOURCE_GROUP string = stampGroupNames[0]
+output AZURE_FUNCTION_APP_NAME string = resources[0].outputs.AZURE_FUNCTION_APP_NAME
+output SERVICE_APP_NAME string = resources[0].outputs.AZURE_FUNCTION_APP_NAME
+output AZURE_STORAGE_ACCOUNT_NAME string = resources[0].outputs.AZURE_STORAGE_ACCOUNT_NAME
+output AZURE_STATE_STORAGE_ACCOUNT_NAME string = resources[0].outputs.AZURE_STATE_STORAGE_ACCOUNT_NAME
+output AZURE_STATE_STORAGE_ACCOUNT_NAMES string = resources[0].outputs.AZURE_STATE_STORAGE_ACCOUNT_NAMES
+output AZURE_SERVICEBUS_NAMESPACE_NAME string = resources[0].outputs.AZURE_SERVICEBUS_NAMESPACE_NAME
+output AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = resources[0].outputs.AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE
+output AZURE_MANAGED_IDENTITY_CLIENT_ID string = resources[0].outputs.AZURE_MANAGED_IDENTITY_CLIENT_ID
+output AZURE_APPLICATION_INSIGHTS_NAME string = resources[0].outputs.AZURE_APPLICATION_INSIGHTS_NAME
+output AZURE_ORDERS_QUEUE_NAME string = resources[0].outputs.AZURE_ORDERS_QUEUE_NAME
+output AZURE_API_URL string = resources[0].outputs.AZURE_API_URL
+// Every stamp, in stamp order (the order clients pick from: core/names.py stamp_of): its
+// group, region, app, accounts, namespace, orders queue and status API: what ordersctl's
+// settings for that stamp need (docs/deploy.md, "Stamps").
+output AZURE_STAMPS array = [for stamp in range(0, stamps): {
+  stamp: stamp
+  resourceGroup: stampGroupNames[stamp]
+  location: stampRegions[stamp]
+  functionAppName: resources[stamp].outputs.AZURE_FUNCTION_APP_NAME
+  storageAccountName: resources[stamp].outputs.AZURE_STORAGE_ACCOUNT_NAME
+  stateStorageAccountNames: resources[stamp].outputs.AZURE_STATE_STORAGE_ACCOUNT_NAMES
+  serviceBusNamespace: resources[stamp].outputs.AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE
+  ordersQueue: resources[stamp].outputs.AZURE_ORDERS_QUEUE_NAME
+  apiUrl: resources[stamp].outputs.AZURE_API_URL
+}]
+// ORDERS_STAMPS for ordersctl (the namespaces, comma-separated in stamp order) is read
+// from AZURE_STAMPS (docs/deploy.md): a variable cannot hold module outputs (Resource
+// Manager resolves variables before any deployment runs), and a lambda cannot index a
+// module collection.

@@ -147,13 +147,21 @@ param activeIndexShards int = 16
 @description('Grant the app identity Azure Service Bus Data Owner so the platform can read queue lengths to scale the Service Bus triggers (reading runtime properties needs the Manage claim). Set false to keep the app at Data Sender + Data Receiver only.')
 param serviceBusScaleMonitoring bool = true
 
+// Stamps (main.bicep): which copy of the deployment this is. 0: the first, or the only one.
+@minValue(0)
+@maxValue(15)
+@description('This deployment\'s place among the stamps (main.bicep stamps; core/names.py stamp_of picks each order\'s). 0: the only deployment, or the first stamp: its names are those of a deployment without stamps.')
+param stamp int = 0
+
 // The status API (api/): who may call it.
 @description('Application (client) id of the status API\'s Microsoft Entra ID app registration, with the app roles Orders.Read and Orders.Operate (docs/deploy.md creates it). Set: App Service Authentication admits only tokens for it, and the API checks the caller\'s role (API_AUTH=easyauth). Empty: no authentication is configured and the API refuses every call (API_AUTH=disabled).')
 param apiClientId string = ''
 
 // --- Names ---------------------------------------------------------------------------------
 
-var resourceToken = toLower(uniqueString(subscription().id, environmentName, location))
+// Stamp 0 (or a deployment without stamps) keeps the token it always had; stamp N > 0 hashes
+// its number in too, so its names differ even when it shares stamp 0's region.
+var resourceToken = stamp == 0 ? toLower(uniqueString(subscription().id, environmentName, location)) : toLower(uniqueString(subscription().id, environmentName, location, 'stamp-${stamp}'))
 var tags = {
   'azd-env-name': environmentName
 }
@@ -514,3 +522,7 @@ output AZURE_SERVICEBUS_NAMESPACE_NAME string = serviceBus.outputs.name
 output AZURE_SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
 output AZURE_MANAGED_IDENTITY_CLIENT_ID string = identity.outputs.clientId
 output AZURE_APPLICATION_INSIGHTS_NAME string = monitoring.outputs.applicationInsightsName
+// What a client needs to send orders to this deployment, and the status API's base URL
+// (host.json keeps the default route prefix 'api').
+output AZURE_ORDERS_QUEUE_NAME string = ordersQueueName
+output AZURE_API_URL string = 'https://${functionApp.outputs.defaultHostName}/api'

@@ -1,4 +1,4 @@
-"""Commands: send-order, watch-status, status, list, alerts, dead-letters, rejections, resubmit.
+"""Commands: send-order, watch-status, status, list, alerts, dead-letters, rejections, resubmit, stamp.
 
 Exit codes: 0 success, 1 a clear failure (not found, refused, invalid), 2 usage.
 """
@@ -28,6 +28,11 @@ err = Console(stderr=True)
 SettingsFile = Annotated[
     Path | None,
     typer.Option("--settings", help="A local.settings.json whose Values fill in unset environment variables."),
+]
+Stamps = Annotated[
+    str | None,
+    typer.Option("--stamps", envvar=names.ORDERS_STAMPS_SETTING,
+                 help="With stamps (docs/scale.md): their Service Bus namespaces, comma-separated in stamp order."),
 ]
 
 
@@ -105,9 +110,11 @@ def send_order(
     currency: Annotated[str, typer.Option(help="ISO 4217 currency.")] = "EUR",
     reply_to: Annotated[str | None, typer.Option("--reply-to", help="A queue to receive status events.")] = None,
     settings: SettingsFile = None,
+    stamps: Stamps = None,
 ) -> None:
     """Validate an order against the model and send it to the orders queue, with
-    MessageId = the order id + ':' + the first 16 hex digits of the body's SHA-256."""
+    MessageId = the order id + ':' + the first 16 hex digits of the body's SHA-256.
+    With --stamps (or ORDERS_STAMPS), an order whose stamp the settings do not reach is refused."""
     if file is not None:
         body = file.read_bytes()
     else:
@@ -123,6 +130,14 @@ def send_order(
     except ValidationError as error:
         raise fail(f"invalid order, not sent: {explain(error)}") from error
     ctx = _context(settings)
+    if stamps:
+        from ordersctl.stamps import StampError, check_stamp, connected_namespace, parse_stamps
+
+        try:
+            check_stamp(order.order_id, parse_stamps(stamps), connected_namespace(
+                ctx.settings.servicebus_connection_string, ctx.settings.servicebus_namespace))
+        except StampError as error:
+            raise fail(f"not sent: {error}") from error
     from azure.servicebus import ServiceBusMessage
 
     message = ServiceBusMessage(
@@ -362,6 +377,27 @@ def resubmit(
     except (OrderNotFound, NotResubmittable) as error:
         raise fail(str(error)) from error
     out.print(f"order [bold]{order_id}[/bold] resubmitted: {state.process_state.value}, next attempt {state.attempt + 1}")
+
+
+@app.command()
+def stamp(
+    order_ids: Annotated[list[str], typer.Argument(help="Order ids.")],
+    stamps: Stamps = None,
+) -> None:
+    """Which stamp each order belongs to (core/names.py stamp_of), with its namespace: run
+    the other commands with that stamp's settings. Needs --stamps or ORDERS_STAMPS."""
+    from ordersctl.stamps import StampError, parse_stamps, stamp_for
+
+    if not stamps:
+        raise typer.BadParameter(f"give --stamps or set {names.ORDERS_STAMPS_SETTING} (the stamps' namespaces, "
+                                 f"comma-separated in stamp order)")
+    try:
+        listed = parse_stamps(stamps)
+    except StampError as error:
+        raise fail(str(error)) from error
+    for order_id in order_ids:
+        index, namespace = stamp_for(order_id, listed)
+        out.print(f"{order_id}  stamp {index}  {namespace}")
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from datetime import date
 
 import pytest
 
@@ -42,7 +43,7 @@ def test_every_row_of_the_limits_table_names_its_source_and_the_day_it_was_read(
     assert len(names) == len(set(names)), "a fact is kept once"
     for row in rows:
         assert row["source"].startswith("https://"), row["name"]
-        assert row["read"] == "2026-11-24" or row.get("page_date"), row["name"]
+        assert date.fromisoformat(row["read"]) <= date.today(), row["name"]
         for key in ("unit", "scope", "past_limit", "note"):
             assert key in row, (row["name"], key)
         if row["value"] is None:
@@ -183,8 +184,45 @@ def test_a_cheapest_shape_holds_10000_orders_per_second(counts, limits):
     assert again.utilisation == result.utilisation
     # One fewer stamp, all else equal, breaks some limit (the search did not over-provision).
     if result.shape.stamps > 1:
-        fewer = capacity.evaluate(10_000, replace(result.shape, stamps=result.shape.stamps - 1), counts, limits)
+        stamps = result.shape.stamps - 1
+        fewer = capacity.evaluate(10_000, replace(result.shape, stamps=stamps, regions=min(stamps, result.shape.regions)),
+                                  counts, limits)
         assert not fewer.holds(capacity.MAX_UTILISATION)
+
+
+def test_stamps_in_one_region_share_its_memory_quota(counts, limits):
+    """Flex Consumption's memory quota is per subscription and region: two stamps in one
+    region use twice the quota one does; in two regions, each uses its own."""
+    two = replace(capacity.LARGEST, stamps=2)
+    together = capacity.evaluate(4000, replace(two, regions=1), counts, limits).utilisation
+    apart = capacity.evaluate(4000, replace(two, regions=2), counts, limits).utilisation
+    assert together["functions.regional_memory_quota"] == pytest.approx(2 * apart["functions.regional_memory_quota"])
+    assert {k: v for k, v in together.items() if k != "functions.regional_memory_quota"} == {
+        k: v for k, v in apart.items() if k != "functions.regional_memory_quota"}
+
+
+def test_at_10000_orders_per_second_the_cheapest_shape_spreads_its_stamps_over_the_regions_it_needs(counts, limits):
+    result = capacity.cheapest(capacity.TARGET_RATE, counts, limits)
+    assert result.shape.stamps > 1 and result.holds(capacity.MAX_UTILISATION)
+    if result.shape.regions > 1:  # fewer regions would overfill one region's memory quota
+        crowded = capacity.evaluate(capacity.TARGET_RATE, replace(result.shape, regions=result.shape.regions - 1),
+                                    counts, limits)
+        assert crowded.utilisation["functions.regional_memory_quota"] > capacity.MAX_UTILISATION
+
+
+def test_the_ceiling_says_how_many_stamps_and_regions_10000_orders_per_second_take(counts, limits, capsys):
+    needed = capacity.stamps_for(capacity.TARGET_RATE, capacity.LARGEST, counts, limits)
+    stamp = next(iter(capacity.ceiling(capacity.LARGEST, counts, limits).values()))
+    assert needed["stamps"] == math.ceil(capacity.TARGET_RATE / stamp)
+    shape = replace(capacity.LARGEST, stamps=needed["stamps"], regions=needed["regions"])
+    assert capacity.evaluate(capacity.TARGET_RATE, shape, counts, limits).holds(capacity.MAX_UTILISATION)
+    fewer = replace(shape, stamps=needed["stamps"] - 1, regions=min(needed["regions"], needed["stamps"] - 1))
+    assert not capacity.evaluate(capacity.TARGET_RATE, fewer, counts, limits).holds(capacity.MAX_UTILISATION)
+    assert capacity.main(["--ceiling", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["stamps_for"]["stamps"] == needed["stamps"] and printed["stamps_for"]["regions"] == needed["regions"]
+    assert capacity.main(["--ceiling"]) == 0
+    assert f"{needed['stamps']} stamps of it" in capsys.readouterr().out
 
 
 def test_the_cheapest_shape_costs_no_more_than_any_shape_that_holds(counts, limits):
@@ -209,10 +247,42 @@ def test_costs_add_up(counts, limits):
     premium = capacity.evaluate(1000, Shape(serviceBusSku="Premium", serviceBusCapacity=8), counts, limits)
     per_hour = limits["price.servicebus.premium.mu_per_hour"] * 8
     assert premium.cost_per_million_orders_usd["servicebus"] == pytest.approx(per_hour / (1000 * 3600) * 1e6)
-    # Tables and queues are per operation: the same per order at any load.
+    # Tables are per operation: the same per order at any load. Queues are per operation
+    # too, with the polls (receives) of the load's rate.
     small = capacity.evaluate(10, Shape(), counts, limits).cost_per_million_orders_usd
     assert small["tables"] == pytest.approx(premium.cost_per_million_orders_usd["tables"])
-    assert small["queues"] == pytest.approx(counts.queue_operations * limits["price.queue.operations_per_10k"] * 100)
+    polls = capacity.queue_receives_per_order(10, Shape(), counts, limits, capacity.queue_polling())
+    operations = counts.queue_operations - counts.queue_receives + polls
+    assert small["queues"] == pytest.approx(operations * limits["price.queue.operations_per_10k"] * 100)
+
+
+def test_the_polling_model_reads_host_json():
+    polling = capacity.queue_polling()
+    host = json.loads(capacity.HOST_JSON.read_text(encoding="utf-8"))["extensions"]["queues"]
+    assert polling["batch_size"] == host["batchSize"]
+    h, m, s = (float(x) for x in host["maxPollingInterval"].split(":"))
+    assert polling["max_polling_interval_s"] == h * 3600 + m * 60 + s
+
+
+def test_the_scheduler_queues_polls_per_order_fall_with_the_load_within_the_documented_bounds(counts, limits):
+    """Each queue's pollers poll at most every 100 ms and at least every maxPollingInterval,
+    each poll taking up to batchSize messages: at low load the bench's own count (with its
+    empty polls) stands, at high load the 100-ms bound caps the polls per order."""
+    polling = capacity.queue_polling()
+    shape = Shape(serviceBusSku="Premium", serviceBusCapacity=8)
+
+    def per_order(rate):
+        return capacity.queue_receives_per_order(rate, shape, counts, limits, polling)
+
+    assert per_order(10) >= counts.queue_receives  # the bench's count, or the idle floor above it
+    assert per_order(1000) < per_order(100) < per_order(10)
+    # At 1,000 orders/s: 125 nudges/s per queue, read by the instances its CPU needs.
+    per_queue = 1000 * counts.queue_sends / shape.schedulerQueues
+    cores = limits["functions.flex.cores.2048"]
+    pollers = math.ceil(per_queue * counts.cpu_seconds / counts.executions / cores)
+    fastest = shape.schedulerQueues * pollers / limits["functions.queue_trigger.min_polling_interval_s"]
+    assert per_order(1000) <= (fastest + 1 / polling["max_polling_interval_s"]) / 1000
+    assert per_order(1000) >= shape.schedulerQueues * (per_queue / polling["batch_size"]) / 1000
 
 
 def test_tiered_prices_are_charged_tier_by_tier():
@@ -265,6 +335,7 @@ def test_without_a_shape_it_prints_the_cheapest_and_steps_scale(capsys):
     ("stateStorageAccounts=0", "stateStorageAccounts must be 1 to"),
     ("stateStorageAccounts=65", "stateStorageAccounts must be 1 to"),
     ("noSuchParameter=1", "key=value pairs"),
+    ("stamps=2,regions=3", "cannot exceed stamps"),
 ])
 def test_a_bad_shape_is_refused_with_a_clear_error(capsys, shape, message):
     assert capacity.main(["--orders-per-second", "10", "--shape", shape]) == 2

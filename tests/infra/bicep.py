@@ -118,6 +118,8 @@ class Deployment:
     resources: list[Resource] = field(default_factory=list)
     outputs: dict[str, Any] = field(default_factory=dict)
     modules: dict[str, list[Deployment]] = field(default_factory=dict)
+    #: The parameters it was evaluated with (a module's, as its caller passed them).
+    params: dict[str, Any] = field(default_factory=dict)
 
     def all_resources(self) -> list[Resource]:
         found = list(self.resources)
@@ -322,6 +324,10 @@ class _Scope:
             obj, index = (self.eval(c, local) for c in _named(node)[:2])
             if isinstance(obj, Unknown) or isinstance(index, Unknown):
                 return Unknown(text)
+            if isinstance(obj, _ModuleRef):  # one instance of a module loop: modules[i].outputs
+                return _ModuleRef(obj.symbol, index)
+            if isinstance(obj, ResourceRef):  # one instance of a resource loop: only Azure knows it
+                return Unknown(text)
             return obj[index]
         if t == "call_expression":
             return self._call(node, local)
@@ -393,6 +399,8 @@ class _Scope:
             if prop != "outputs":
                 return Unknown(text)
             results = self.module_results.get(obj.symbol) or self.run_module(obj.symbol)
+            if obj.index is not None:
+                return results[obj.index].outputs if 0 <= obj.index < len(results) else Unknown(text)
             if len(results) != 1:
                 return Unknown(text)
             return results[0].outputs
@@ -591,8 +599,9 @@ def _known(value: Any) -> bool:
 
 
 class _ModuleRef:
-    def __init__(self, symbol: str):
+    def __init__(self, symbol: str, index: int | None = None):
         self.symbol = symbol
+        self.index = index
 
 
 @dataclass(frozen=True)
@@ -653,7 +662,7 @@ def evaluate(path: Path | str, params: dict[str, Any] | None = None) -> Deployme
     if unknown_params:
         raise BicepError(f"{path}: no such parameters {sorted(unknown_params)}")
     scope = _Scope(tpl, dict(params or {}))
-    deployment = Deployment(path)
+    deployment = Deployment(path, params=dict(params or {}))
     by_symbol: dict[str, list[Resource]] = {}
     for symbol, decl in tpl.resources.items():
         type_name, _, version = decl.type_text.partition("@")

@@ -32,7 +32,8 @@ def _readme_sending_orders() -> str:
 
 def _readme_client_hashing() -> dict:
     """The README's plain-SDK client, run up to (not including) the Service Bus calls."""
-    (code,) = re.findall(r"```python\n(.*?)```", _readme_sending_orders(), re.DOTALL)
+    (code,) = [block for block in re.findall(r"```python\n(.*?)```", _readme_sending_orders(), re.DOTALL)
+               if "\nwith ServiceBusClient" in block]
     hashing = code.split("\nwith ServiceBusClient")[0]
     hashing = "\n".join(line for line in hashing.splitlines() if not line.startswith("from azure"))
     namespace: dict = {}
