@@ -32,6 +32,12 @@ from supervisor.supervision import NotResubmittable, resubmit
 
 log = logging.getLogger(__name__)
 
+#: A call's pacing ends within this long, whatever the settings: an HTTP-triggered function
+#: must answer within 230 s, the Azure load balancer's idle timeout ("Function app timeout
+#: duration", https://learn.microsoft.com/azure/azure-functions/functions-scale#timeout,
+#: read 2026-11-25), and a client's own timeout is often shorter.
+MAX_CALL_SECONDS = 60
+
 
 @dataclass
 class Progress:
@@ -59,8 +65,10 @@ def resubmit_group(
     clock: Callable[[], float] = time.monotonic,
 ) -> Progress:
     """Resubmit the group's orders after ``after`` (order-id order), at most ``batch`` of
-    them, paced at ``per_second`` (each handled row takes a slot)."""
+    them (and no more than :data:`MAX_CALL_SECONDS` of pacing), paced at ``per_second``
+    (each handled row takes a slot)."""
     progress = Progress(group)
+    batch = max(1, min(batch, int(per_second * MAX_CALL_SECONDS)))
     rows, more = search.members(store, group, limit=batch, after=after)
     started = clock()
     for n, row in enumerate(rows):

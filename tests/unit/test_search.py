@@ -314,3 +314,12 @@ def test_a_row_left_by_a_resubmit_that_died_is_skipped_and_removed():
                               per_second=1000, batch=10, now=lambda: w.now)
     assert progress.skipped == [member.order_id] and len(progress.resubmitted) == 2
     assert search.members(w.store, group, limit=10) == ([], False)
+
+
+def test_a_slow_rate_shortens_the_batch_so_a_call_answers_within_a_minute():
+    w, group = errors_world(8)
+    clock = Clock()
+    progress = resubmit_group(group, store=w.store, nudger=w.nudger, pending_timeout=timedelta(seconds=30),
+                              per_second=0.1, batch=100, now=lambda: w.now, sleep=clock.sleep, clock=clock)
+    assert len(progress.resubmitted) == 6 and progress.continuation == "e-05"  # 6 slots of 10 s: 50 s of waits
+    assert sum(clock.slept) == 50
