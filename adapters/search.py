@@ -338,6 +338,29 @@ def _group_row(account, group_id: str):
         return None
 
 
+def backfill_customers(store) -> int:
+    """Write the customer row of every order written before the customer index existed (or
+    whose row went missing): a one-off scan of the order rows (``RowKey eq 'order'``) of
+    every account, and per order a point read of its state (for its creation time) and an
+    upsert. Idempotent (the row's key is the order's creation time and id). Returns how many
+    orders it indexed. For an operator, once, never for the functions: it reads every order."""
+
+    def one_account(account) -> int:
+        account._op("query")
+        done = 0
+        rows = account.table.query_entities("RowKey eq @rk", parameters={"rk": "order"},
+                                            select=["PartitionKey", "Document"], results_per_page=1000)
+        for row in rows:
+            state = _state_or_none(account, row["PartitionKey"])
+            if state is None:
+                continue
+            index_customer(account, OrderRequest.model_validate_json(row["Document"]), state.created_at)
+            done += 1
+        return done
+
+    return sum(_each(one_account, _accounts(store)))
+
+
 # --- retention ------------------------------------------------------------------------------------
 
 

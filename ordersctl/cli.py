@@ -1,4 +1,4 @@
-"""Commands: send-order, watch-status, status, list, errors, alerts, dead-letters, rejections, resubmit.
+"""Commands: send-order, watch-status, status, list, errors, alerts, dead-letters, rejections, resubmit, backfill-customers.
 
 Exit codes: 0 success, 1 a clear failure (not found, refused, invalid), 2 usage.
 """
@@ -365,6 +365,15 @@ def errors(
     from ordersctl import search
 
     search.errors(_context(settings).services, fail, limit=limit, continuation=continuation)
+
+
+@app.command("backfill-customers")
+def backfill_customers(settings: SettingsFile = None) -> None:
+    """Index by customer the orders submitted before the customer index existed (a one-off
+    scan of every order; idempotent), so `list --customer` finds them too."""
+    from adapters.search import backfill_customers as backfill
+
+    out.print(f"{backfill(_context(settings).services.store)} order(s) indexed by customer")
 
 
 @app.command()

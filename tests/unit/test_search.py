@@ -323,3 +323,17 @@ def test_a_slow_rate_shortens_the_batch_so_a_call_answers_within_a_minute():
                               per_second=0.1, batch=100, now=lambda: w.now, sleep=clock.sleep, clock=clock)
     assert len(progress.resubmitted) == 6 and progress.continuation == "e-05"  # 6 slots of 10 s: 50 s of waits
     assert sum(clock.slept) == 50
+
+
+def test_the_backfill_indexes_the_orders_written_before_the_index_once():
+    table = MemoryTable()
+    store = StateStore(table)
+    for i in range(3):  # written without their customer row, as before the index existed
+        order = OrderRequest.model_validate(order_dict(f"old-{i}", customer_id="cust-old"))
+        store.create_order(order, workflow=ORDER_WORKFLOW, reply_to=None, now=T0 + timedelta(seconds=i),
+                           pending_timeout=timedelta(seconds=30))
+    assert every_page(store, "cust-old", limit=10) == [[]]
+    assert search.backfill_customers(store) == 3
+    assert search.backfill_customers(store) == 3  # again: the same rows
+    assert every_page(store, "cust-old", limit=10) == [["old-2", "old-1", "old-0"]]
+    assert len(table.rows(customer_partition("cust-old"))) == 3
