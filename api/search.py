@@ -56,10 +56,6 @@ def time_of(name: str, value: str | None) -> datetime | None:
         raise BadRequest(f"{name} {value!r} is not an ISO 8601 time with a zone, e.g. 2026-11-25T10:00:00Z") from None
 
 
-def _token(text: str) -> str:
-    return continuation_token(text)
-
-
 def _key(token: str | None, check: Callable[[str], str]) -> str | None:
     """The key a continuation token holds, checked by ``check`` (a ValueError: not ours)."""
     if not token:
@@ -97,7 +93,7 @@ def list_by_customer(params: Mapping[str, str], *, store) -> Reply:
             "since": since.isoformat() if since else None,
             "until": until.isoformat() if until else None,
             "orders": [order_summary(s) for s in page.orders],
-            "continuation": _token(page.next_key) if page.next_key else None,
+            "continuation": continuation_token(page.next_key) if page.next_key else None,
         },
     )
 
@@ -109,7 +105,7 @@ def list_errors(params: Mapping[str, str], *, store) -> Reply:
     limit = whole_number("limit", params.get("limit"), default=DEFAULT_GROUPS, most=MAX_GROUPS)
     after = _key(params.get("continuation"), check_group)
     found, last = search.groups(store, limit=limit, after=after)
-    return Reply(200, {"groups": [g.document() for g in found], "continuation": _token(last) if last else None})
+    return Reply(200, {"groups": [g.document() for g in found], "continuation": continuation_token(last) if last else None})
 
 
 def group_of(value: str | None) -> str:
@@ -135,7 +131,7 @@ def get_group(group_id: str | None, params: Mapping[str, str], *, store) -> Repl
             **found.document(),
             "orders": [{"order_id": r.order_id, "attempt": r.attempt,
                         "error_at": r.error_at.isoformat() if r.error_at else None} for r in rows],
-            "continuation": _token(rows[-1].order_id) if more and rows else None,
+            "continuation": continuation_token(rows[-1].order_id) if more and rows else None,
         },
     )
 
@@ -155,5 +151,5 @@ def resubmit_errors(
         after=after, now=now,
     )
     body = progress.document()
-    body["continuation"] = _token(progress.continuation) if progress.continuation else None
+    body["continuation"] = continuation_token(progress.continuation) if progress.continuation else None
     return Reply(200, body)

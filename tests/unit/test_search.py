@@ -337,3 +337,30 @@ def test_the_backfill_indexes_the_orders_written_before_the_index_once():
     assert search.backfill_customers(store) == 3  # again: the same rows
     assert every_page(store, "cust-old", limit=10) == [["old-2", "old-1", "old-0"]]
     assert len(table.rows(customer_partition("cust-old"))) == 3
+
+
+def test_over_several_accounts_each_orders_rows_are_in_its_account_and_the_readers_merge():
+    from adapters.accounts import ShardedStateStore
+    from tests.unit.test_accounts import sharded_world
+
+    w, tables = sharded_world()
+    assert isinstance(w.store, ShardedStateStore)
+    for i in range(9):
+        submit(w.store, f"m-{i}", "cust-m", T0 + timedelta(seconds=i))
+    holders = {i for i, table in enumerate(tables) if table.rows(customer_partition("cust-m"))}
+    assert len(holders) > 1  # the customer's rows are spread with its orders
+    for i, table in enumerate(tables):
+        ids = {order_of(k) for k in table.rows(customer_partition("cust-m"))}
+        assert all(w.store.store_for(o).table is table for o in ids)
+    assert every_page(w.store, "cust-m", limit=4) == [
+        ["m-8", "m-7", "m-6", "m-5"], ["m-4", "m-3", "m-2", "m-1"], ["m-0"]]
+
+    for i in range(6):
+        to_error(w, f"x-{i}")
+    (group,), _ = search.groups(w.store, limit=10)
+    assert group.count == 6
+    assert [m.order_id for m in search.members(w.store, group.group, limit=4)[0]] == [f"x-{i}" for i in range(4)]
+    progress = resubmit_group(group.group, store=w.store, nudger=w.nudger, pending_timeout=timedelta(seconds=30),
+                              per_second=1000, batch=100, now=lambda: w.now)
+    assert sorted(progress.resubmitted) == [f"x-{i}" for i in range(6)]
+    assert search.groups(w.store, limit=10) == ([], None)
