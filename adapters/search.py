@@ -52,10 +52,12 @@ from core.search import (
     ErrorCause,
     KeyRange,
     cause_of,
+    created_millis,
     created_of,
     customer_partition,
     customer_row_key,
     error_partition,
+    millis,
     order_of,
 )
 
@@ -159,7 +161,7 @@ def by_customer(
     def load(item: tuple[str, Any]) -> OrderState | None:
         row_key, account = item
         state = _state_or_none(account, order_of(row_key))
-        if state is not None and _same_millisecond(created_of(row_key), state.created_at):
+        if state is not None and created_millis(row_key) == millis(state.created_at):
             return state
         if state is not None or _older_than_grace(row_key):
             _delete(account, partition, row_key)
@@ -167,10 +169,6 @@ def by_customer(
 
     states = [state for state in _each(load, page) if state is not None]
     return CustomerPage(states, page[-1][0] if len(merged) > limit else None)
-
-
-def _same_millisecond(a: datetime, b: datetime) -> bool:
-    return int(a.timestamp() * 1000) == int(b.timestamp() * 1000)
 
 
 def _older_than_grace(row_key: str) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from core import names
 from core.models import OrderState
@@ -44,14 +44,18 @@ def customer_partition(customer_id: str) -> str:
     return f"{names.CUSTOMER_PREFIX}-{customer_id}"
 
 
-def _millis(when: datetime) -> int:
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def millis(when: datetime) -> int:
+    """Milliseconds since 1970 UTC, floored, in integer arithmetic (exact by construction)."""
     if when.tzinfo is None:
         raise ValueError("a time in the customer index needs a time zone")
-    return int(when.timestamp() * 1000)
+    return (when - _EPOCH) // timedelta(milliseconds=1)
 
 
 def _inverted(when: datetime) -> str:
-    return f"{_INVERT_FROM - _millis(when):013d}"
+    return f"{_INVERT_FROM - millis(when):013d}"
 
 
 def customer_row_key(created_at: datetime, order_id: str) -> str:
@@ -59,9 +63,14 @@ def customer_row_key(created_at: datetime, order_id: str) -> str:
     return f"{_inverted(created_at)}-{order_id}"
 
 
+def created_millis(row_key: str) -> int:
+    """The creation time, in milliseconds since 1970, a customer index RowKey holds."""
+    return _INVERT_FROM - int(row_key[:13])
+
+
 def created_of(row_key: str) -> datetime:
     """The creation time (to the millisecond) a customer index RowKey holds."""
-    return datetime.fromtimestamp((_INVERT_FROM - int(row_key[:13])) / 1000, tz=UTC)
+    return _EPOCH + timedelta(milliseconds=created_millis(row_key))
 
 
 def order_of(row_key: str) -> str:

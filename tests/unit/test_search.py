@@ -364,3 +364,13 @@ def test_over_several_accounts_each_orders_rows_are_in_its_account_and_the_reade
                               per_second=1000, batch=100, now=lambda: w.now)
     assert sorted(progress.resubmitted) == [f"x-{i}" for i in range(6)]
     assert search.groups(w.store, limit=10) == ([], None)
+
+
+def test_a_time_read_back_to_the_millisecond_keeps_its_key():
+    from core.search import created_millis, millis
+
+    # A state row's CreatedAt read back (to the microsecond, or cut to the millisecond) gives its key's time.
+    exact = datetime(2026, 11, 25, 2, 14, 45, 123000, tzinfo=UTC)
+    for when in (exact, exact.replace(microsecond=123999), exact + timedelta(days=3653, microseconds=7)):
+        key = customer_row_key(when, "o-1")
+        assert created_millis(key) == millis(when) == millis(when.replace(microsecond=when.microsecond // 1000 * 1000))
