@@ -180,11 +180,20 @@ def _older_than_grace(row_key: str) -> bool:
 
 
 def index_error(store, state: OrderState) -> None:
-    """An order closed in Error: its cause's row (an upsert: the latest sample) and its own
-    row in the cause's group (an upsert keyed by order id, with the attempt it failed at)."""
+    """An order closed in Error: its own row in its cause's group (an upsert keyed by order
+    id, with the attempt it failed at), then the cause's row (an upsert: the latest sample).
+    In that order: a listing drops a cause's row only when the cause has no order left and
+    the row is unchanged since it looked (:func:`groups`), so a new order's row is never
+    left without its cause's row."""
     if state.process_state is not ProcessState.ERROR:
         return
     account, cause = _home(store, state.order_id), cause_of(state)
+    account._op("index_upsert")
+    account.table.upsert_entity(
+        {"PartitionKey": error_partition(cause.group), "RowKey": state.order_id, "Attempt": state.attempt,
+         "ErrorAt": state.updated_at},
+        mode=UpdateMode.REPLACE,
+    )
     account._op("index_upsert")
     account.table.upsert_entity(
         {
@@ -192,12 +201,6 @@ def index_error(store, state: OrderState) -> None:
             "Kind": cause.kind, "Failed": ",".join(cause.failed), "Error": cause.error,
             "Sample": (state.last_error or "")[:SAMPLE_CHARS], "SampleOrder": state.order_id, "LastSeen": state.updated_at,
         },
-        mode=UpdateMode.REPLACE,
-    )
-    account._op("index_upsert")
-    account.table.upsert_entity(
-        {"PartitionKey": error_partition(cause.group), "RowKey": state.order_id, "Attempt": state.attempt,
-         "ErrorAt": state.updated_at},
         mode=UpdateMode.REPLACE,
     )
 
@@ -311,9 +314,15 @@ def groups(store, *, limit: int, after: str | None = None) -> tuple[list[Group],
 
 
 def _build(group_id: str, found: list[tuple[Any, Any]], accounts: Sequence[Any]) -> Group:
-    """A group from its rows (one per account that has seen it) and its count in every account."""
+    """A group from its rows (one per account that has seen it) and its count in every
+    account. An account's row of a cause with no order left there is deleted (If-Match on
+    the row as read: a new order of that cause rewrote it since, so it stays)."""
     row = max((row for row, _ in found), key=lambda r: r["LastSeen"])  # the newest sample
-    total = sum(_each(lambda account: _count(account, group_id), accounts))
+    counts = dict(zip((id(a) for a in accounts), _each(lambda account: _count(account, group_id), accounts)))
+    for account_row, account in found:
+        if counts[id(account)] == 0:
+            _delete(account, names.ERROR_GROUPS_PARTITION, group_id, account_row.metadata["etag"])
+    total = sum(counts.values())
     cause = ErrorCause(row["Step"], row["Kind"], tuple(f for f in row["Failed"].split(",") if f), row["Error"])
     return Group(group_id, cause, row["Sample"], row["SampleOrder"], row["LastSeen"], min(total, MAX_COUNT),
                  total > MAX_COUNT)

@@ -374,3 +374,17 @@ def test_a_time_read_back_to_the_millisecond_keeps_its_key():
     for when in (exact, exact.replace(microsecond=123999), exact + timedelta(days=3653, microseconds=7)):
         key = customer_row_key(when, "o-1")
         assert created_millis(key) == millis(when) == millis(when.replace(microsecond=when.microsecond // 1000 * 1000))
+
+
+def test_a_cause_with_no_order_left_is_dropped_by_the_listing_unless_a_new_order_rewrote_it():
+    w, group = errors_world(2)
+    for order_id in ("e-00", "e-01"):
+        supervision.resubmit(order_id, store=w.store, nudger=w.nudger, now=w.now, pending_timeout=timedelta(seconds=30))
+    query = {"query_filter": "PartitionKey eq @pk", "parameters": {"pk": names.ERROR_GROUPS_PARTITION}}
+    (read,) = list(w.store.table.query_entities(**query))  # a listing reads the cause's row...
+    to_error(w, "e-02")  # ...the same cause again rewrites it...
+    supervision.resubmit("e-02", store=w.store, nudger=w.nudger, now=w.now, pending_timeout=timedelta(seconds=30))
+    assert search._build(group, [(read, w.store)], [w.store]).count == 0  # ...and the listing counts none
+    assert set(w.table.rows(names.ERROR_GROUPS_PARTITION)) == {group}  # kept: If-Match refused the delete
+    assert search.groups(w.store, limit=10) == ([], None)  # a listing that read the row as it is
+    assert w.table.rows(names.ERROR_GROUPS_PARTITION) == {}  # drops the empty cause
