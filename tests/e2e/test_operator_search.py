@@ -17,8 +17,9 @@ FAILING = ["k-e1", "k-e2"]
 
 def test_a_customer_search_and_a_group_resubmit_from_the_operator_page(stack, browser):  # noqa: F811
     # k-e1, k-e2: shipping refuses and inventory refuses the release: Error, one cause.
-    stack.remote.set_faults(script={f"{o}/{action}": ["permanent"] for o in FAILING for action in ("ship", "release")})
-    (host,) = stack.start_hosts(API_AUTH="none")
+    stack.remote.set_faults(
+        script={f"{o}/{action}": ["always:permanent"] for o in FAILING for action in ("ship", "release")})
+    (host,) = stack.start_hosts(API_AUTH="none", STEP_TIMEOUT_SECONDS="20")  # no late refusal taken for lost
     for order_id in CUSTOMER:  # one after the other: their creation times are their order
         stack.send([(order_id, order_json(order_id, customer_id="cust-page"))])
         wait_until(lambda: stack.state(order_id), timeout=30, what=f"{order_id} to be created")
