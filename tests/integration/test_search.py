@@ -169,3 +169,27 @@ def test_the_customer_row_is_written_before_the_order_and_forget_removes_it(app_
     order, state = s.store.get_order("f-1"), s.store.get("f-1")
     search.forget(s.store, order, state)
     assert list(s.store.table.query_entities("PartitionKey eq @pk", parameters={"pk": customer_partition("cust-9")})) == []
+
+
+def test_ordersctl_resubmits_a_group_batch_after_batch_until_it_is_done(app_settings, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from ordersctl.cli import app as ordersctl
+
+    for i in range(5):
+        in_error(f"b-{i}")
+    monkeypatch.setenv(names.BULK_RESUBMIT_BATCH_SETTING, "2")  # three calls: 2, 2 and 1
+    (group,), _ = search.groups(services().store, limit=10)
+    result = CliRunner().invoke(ordersctl, ["resubmit", "--group", group.group])
+    assert result.exit_code == 0, result.output
+    calls = [json.loads(line) for line in result.output.splitlines()]
+    assert [(c["resubmitted"], c["done"]) for c in calls] == [(2, False), (2, False), (1, True)]
+    assert sorted(o for c in calls for o in c["orders"]) == [f"b-{i}" for i in range(5)]
+    assert {services().store.get(f"b-{i}").process_state for i in range(5)} == {ProcessState.PENDING}
+    for args in ([], ["b-1", "--group", group.group]):
+        refused = CliRunner().invoke(ordersctl, ["resubmit", *args])
+        assert refused.exit_code == 2 and "give an ORDER_ID or --group GROUP" in refused.output
+    bad = CliRunner().invoke(ordersctl, ["resubmit", "--group", "nope"])
+    assert bad.exit_code == 1 and "not an error group" in bad.output
