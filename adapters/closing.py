@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from adapters import telemetry
+from adapters import search, telemetry
 from adapters.messaging import Publisher
 from adapters.store import StateStore
 from core import names
@@ -74,4 +74,5 @@ def _close(state: OrderState, *, store: StateStore, publisher: Publisher, alerts
         ),
         queue=state.reply_to,
     )
+    search.index_error(store, state)  # before the active row goes: a crash leaves that row, the sweep redoes this
     store.unindex(state.order_id)

@@ -121,6 +121,12 @@ class Settings(BaseSettings):
         names.ACTIVE_INDEX_SHARDS_SETTING, names.DEFAULT_ACTIVE_INDEX_SHARDS, ge=1, le=names.MAX_ACTIVE_INDEX_SHARDS
     )
 
+    # --- Bulk resubmit by cause (api/search.py, supervisor/bulk.py) --------------------
+    #: ``POST /api/errors/{group}/resubmit`` resubmits at most this many orders per second...
+    bulk_resubmit_per_second: float = _setting(names.BULK_RESUBMIT_RATE_SETTING, 20.0, gt=0, le=1000)
+    #: ...and at most this many per request (then answers with a continuation).
+    bulk_resubmit_batch: int = _setting(names.BULK_RESUBMIT_BATCH_SETTING, 100, ge=1, le=1000)
+
     # --- The status API (api/, core/access.py) ---------------------------------------
     #: easyauth (Azure: app roles from App Service Authentication), none (the local
     #: stack, loopback only) or disabled (every call refused: the default).

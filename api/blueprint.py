@@ -1,6 +1,8 @@
 """Bindings of the status API and the operator page: HTTP routes over api/orders.py and api/ops.py.
 
-``GET /api/orders/{id}``, ``GET /api/orders?state=...``, ``POST /api/orders/{id}/resubmit``;
+``GET /api/orders/{id}``, ``GET /api/orders?state=...``, ``GET /api/orders?customer=...``,
+``POST /api/orders/{id}/resubmit``; ``GET /api/errors``, ``GET /api/errors/{group}``,
+``POST /api/errors/{group}/resubmit`` (api/search.py);
 the page ``GET /api/ops`` with its files (``/api/ops/static/{name}``), the caller's roles
 (``/api/ops/me``), the counts per state over time (``/api/ops/counts``) and an order's
 spans (``GET /api/orders/{id}/trace``).
@@ -22,7 +24,7 @@ import azure.functions as func
 from adapters import traces
 from adapters.settings import get_settings
 from adapters.wiring import services
-from api import ops, orders
+from api import ops, orders, search
 from core import access
 from core.models import utcnow
 
@@ -51,7 +53,9 @@ def list_orders(req: func.HttpRequest) -> func.HttpResponse:
     return _respond(
         orders.serve(
             req.method, req.headers, methods=("GET",), roles=access.READ_ROLES, mode=get_settings().api_auth,
-            action=lambda: orders.list_orders(req.params, store=services().store),
+            action=lambda: (search.list_by_customer if "customer" in req.params else orders.list_orders)(
+                req.params, store=services().store
+            ),
         )
     )
 
@@ -64,6 +68,40 @@ def resubmit_order(req: func.HttpRequest) -> func.HttpResponse:
         return orders.resubmit_order(
             req.route_params.get("id"), store=s.store, nudger=s.nudger, now=utcnow(),
             pending_timeout=s.settings.pending_timeout,
+        )
+
+    return _respond(
+        orders.serve(
+            req.method, req.headers, methods=("POST",), roles=access.OPERATE_ROLES, mode=get_settings().api_auth,
+            action=action,
+        )
+    )
+
+
+# --- Error orders by cause (api/search.py) ------------------------------------------------
+
+
+@bp.function_name("list_errors")
+@bp.route(route="errors", auth_level=func.AuthLevel.ANONYMOUS)
+def list_errors(req: func.HttpRequest) -> func.HttpResponse:
+    return _read(req, lambda: search.list_errors(req.params, store=services().store))
+
+
+@bp.function_name("get_error_group")
+@bp.route(route="errors/{group}", auth_level=func.AuthLevel.ANONYMOUS)
+def get_error_group(req: func.HttpRequest) -> func.HttpResponse:
+    return _read(req, lambda: search.get_group(req.route_params.get("group"), req.params, store=services().store))
+
+
+@bp.function_name("resubmit_error_group")
+@bp.route(route="errors/{group}/resubmit", auth_level=func.AuthLevel.ANONYMOUS)
+def resubmit_error_group(req: func.HttpRequest) -> func.HttpResponse:
+    def action() -> orders.Reply:
+        s = services()
+        return search.resubmit_errors(
+            req.route_params.get("group"), req.params, store=s.store, nudger=s.nudger, now=utcnow,
+            pending_timeout=s.settings.pending_timeout, per_second=s.settings.bulk_resubmit_per_second,
+            batch=s.settings.bulk_resubmit_batch,
         )
 
     return _respond(

@@ -40,6 +40,7 @@ STATIC = Path(__file__).parent / "static"
 #: The files the page is made of, by name, with their content types.
 ASSETS = {
     "ops.js": "text/javascript",
+    "ops-search.js": "text/javascript",
     "ops.css": "text/css",
     "uPlot.iife.min.js": "text/javascript",
     "uPlot.min.css": "text/css",

@@ -177,6 +177,18 @@ def active_partition(shard: int) -> str:
     return f"{ACTIVE_PREFIX}-{shard:03d}"
 
 
+# --- The search indexes (core/search.py, adapters/search.py; README, "Search and bulk resubmit") ---
+
+#: A customer's orders, newest first: ``_customer-<customer id>``.
+CUSTOMER_PREFIX = "_customer"
+#: The Error orders of one cause: ``_error-<group>``; the groups themselves in ``_error-groups``.
+ERROR_PREFIX = "_error"
+ERROR_GROUPS_PARTITION = f"{ERROR_PREFIX}-groups"
+#: ``POST /api/errors/{group}/resubmit``: orders resubmitted per second at most, and per request.
+BULK_RESUBMIT_RATE_SETTING = "BULK_RESUBMIT_PER_SECOND"
+BULK_RESUBMIT_BATCH_SETTING = "BULK_RESUBMIT_BATCH"
+
+
 # --- Per remote service (one agent function and one request queue each) -------------
 # Derived from the remote's name in core.workflow: a new remote service there gets its
 # queue, app settings and agent function from these, and tests/infra checks the Bicep.

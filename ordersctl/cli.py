@@ -1,4 +1,4 @@
-"""Commands: send-order, watch-status, status, list, alerts, dead-letters, rejections, resubmit, stamp.
+"""Commands: send-order, watch-status, status, list, errors, alerts, dead-letters, rejections, resubmit, backfill-customers, stamp.
 
 Exit codes: 0 success, 1 a clear failure (not found, refused, invalid), 2 usage.
 """
@@ -232,10 +232,20 @@ def list_orders(
     state: Annotated[ProcessState, typer.Option(help="Which state to list.", case_sensitive=False)] = ProcessState.ERROR,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="Rows per page.")] = 20,
     page: Annotated[int, typer.Option(min=1, help="Page number, newest first.")] = 1,
+    customer: Annotated[str | None, typer.Option(help="A customer's orders instead, newest first (JSON, as GET /api/orders?customer=).")] = None,
+    since: Annotated[str | None, typer.Option(help="With --customer: created at or after (ISO 8601 with a zone).")] = None,
+    until: Annotated[str | None, typer.Option(help="With --customer: created at or before (ISO 8601 with a zone).")] = None,
+    continuation: Annotated[str | None, typer.Option(help="With --customer: the continuation of the previous page.")] = None,
     settings: SettingsFile = None,
 ) -> None:
-    """List orders in a state, newest first."""
+    """List orders in a state, newest first; or, with --customer, a customer's orders."""
     ctx = _context(settings)
+    if customer is not None:
+        from ordersctl import search
+
+        search.by_customer(ctx.services, fail, customer=customer, since=since, until=until, limit=limit,
+                           continuation=continuation)
+        return
     rows = ctx.services.store.list_by_state(state, limit=limit * page)[(page - 1) * limit :]
     table = Table("order", "state", "attempt", "failures", "updated", "last error")
     for row in rows:
@@ -360,18 +370,49 @@ def rejections(
 
 
 @app.command()
+def errors(
+    limit: Annotated[int, typer.Option(min=1, max=100, help="Groups per page.")] = 20,
+    continuation: Annotated[str | None, typer.Option(help="The continuation of the previous page.")] = None,
+    settings: SettingsFile = None,
+) -> None:
+    """The orders in Error grouped by cause (the step or undo, and the normalised last
+    error), with counts and a sample: JSON, as GET /api/errors."""
+    from ordersctl import search
+
+    search.errors(_context(settings).services, fail, limit=limit, continuation=continuation)
+
+
+@app.command("backfill-customers")
+def backfill_customers(settings: SettingsFile = None) -> None:
+    """Index by customer the orders submitted before the customer index existed (a one-off
+    scan of every order; idempotent), so `list --customer` finds them too."""
+    from adapters.search import backfill_customers as backfill
+
+    out.print(f"{backfill(_context(settings).services.store)} order(s) indexed by customer")
+
+
+@app.command()
 def resubmit(
-    order_id: Annotated[str, typer.Argument(help="An order in Error.")],
+    order_id: Annotated[str | None, typer.Argument(help="An order in Error.")] = None,
+    group: Annotated[str | None, typer.Option(help="Every order of this error group instead (ordersctl errors).")] = None,
     settings: SettingsFile = None,
 ) -> None:
     """Send an order in Error back where it stopped (the stopped step, or the undos that
-    failed), failure count cleared, and nudge the scheduler. Done steps are not redone."""
+    failed), failure count cleared, and nudge the scheduler. Done steps are not redone.
+    With --group: every order of that cause, at BULK_RESUBMIT_PER_SECOND (one JSON line per batch)."""
     from adapters.store import OrderNotFound
     from supervisor.supervision import NotResubmittable
     from supervisor.supervision import resubmit as do_resubmit
 
+    if (order_id is None) == (group is None):
+        raise typer.BadParameter("give an ORDER_ID or --group GROUP (not both)")
     ctx = _context(settings)
     s = ctx.services
+    if group is not None:
+        from ordersctl import search
+
+        search.resubmit_group(s, fail, group=group)
+        return
     try:
         state = do_resubmit(order_id, store=s.store, nudger=s.nudger, now=utcnow(), pending_timeout=s.settings.pending_timeout)
     except (OrderNotFound, NotResubmittable) as error:

@@ -16,7 +16,7 @@ from enum import Enum
 
 from pydantic import ValidationError
 
-from adapters import telemetry
+from adapters import search, telemetry
 from adapters.messaging import Publisher
 from core.models import Nudge, OrderRequest, ProcessState, Status, StatusEvent, explain, queue_key
 from core.workflow import Workflow
@@ -163,6 +163,7 @@ def _submit(
         log.warning("order %s: %s", order.order_id, note)
         reply_to = None
 
+    search.index_customer(store, order, now)  # before the order's transaction (adapters/search.py)
     try:
         created = store.create_order(
             order, workflow=workflow, reply_to=reply_to, now=now, pending_timeout=pending_timeout, note=note,

@@ -6,7 +6,7 @@ import logging
 from collections import Counter
 from datetime import datetime, timedelta
 
-from adapters import telemetry
+from adapters import search, telemetry
 from core import lifecycle, liveness, names
 from adapters.closing import close_order
 from core.lifecycle import SupervisorPolicy, Verdict
@@ -137,4 +137,5 @@ def resubmit(
         if written is None:
             raise NotResubmittable(f"order {order_id} changed while resubmitting; look again")
         nudger.nudge(Nudge(order_id=order_id, state=written))
+        search.unindex_error(store, state)  # out of its cause's group (that Error's row only)
         return written

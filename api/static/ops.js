@@ -246,12 +246,20 @@
 
   // --- refresh -----------------------------------------------------------------------------
 
+  // Other sections' scripts (ops-search.js) use these, and add loaders refreshed with the rest.
+  const loaders = [];
+  window.Ops = {
+    api, el, problem, time, openTimeline, refresh: () => refresh(),
+    canOperate: () => me.can_operate, addLoader: (load) => loaders.push(load),
+  };
+
   async function refresh() {
     try {
       await Promise.all([
         loadCounts(),
         loadList("Error", "error-orders", "error-empty"),
         loadList("Compensated", "compensated-orders", "compensated-empty"),
+        ...loaders.map((load) => load()),
       ]);
       $("#refreshed").textContent = `updated ${new Date().toLocaleTimeString()}`;
       document.body.dataset.refreshed = String(Date.now());
