@@ -1,6 +1,7 @@
 """Bindings of the status API and the operator page: HTTP routes over api/orders.py and api/ops.py.
 
-``GET /api/orders/{id}``, ``GET /api/orders?state=...``, ``POST /api/orders/{id}/resubmit``;
+``GET /api/orders/{id}``, ``GET /api/orders?state=...``, ``POST /api/orders/{id}/resubmit``,
+``POST /api/orders/{id}/events/{name}`` (api/events.py);
 the page ``GET /api/ops`` with its files (``/api/ops/static/{name}``), the caller's roles
 (``/api/ops/me``), the counts per state over time (``/api/ops/counts``) and an order's
 spans (``GET /api/orders/{id}/trace``).
@@ -22,7 +23,7 @@ import azure.functions as func
 from adapters import traces
 from adapters.settings import get_settings
 from adapters.wiring import services
-from api import ops, orders
+from api import events, ops, orders
 from core import access
 from core.models import utcnow
 
@@ -64,6 +65,25 @@ def resubmit_order(req: func.HttpRequest) -> func.HttpResponse:
         return orders.resubmit_order(
             req.route_params.get("id"), store=s.store, nudger=s.nudger, now=utcnow(),
             pending_timeout=s.settings.pending_timeout,
+        )
+
+    return _respond(
+        orders.serve(
+            req.method, req.headers, methods=("POST",), roles=access.OPERATE_ROLES, mode=get_settings().api_auth,
+            action=action,
+        )
+    )
+
+
+@bp.function_name("post_order_event")
+@bp.route(route="orders/{id}/events/{name}", auth_level=func.AuthLevel.ANONYMOUS)
+def post_order_event(req: func.HttpRequest) -> func.HttpResponse:
+    def action() -> orders.Reply:
+        from scheduler.blueprint import scheduler
+
+        return events.post_event(
+            req.route_params.get("id"), req.route_params.get("name"), req.get_body(),
+            scheduler=scheduler(services()), now=utcnow(),
         )
 
     return _respond(
