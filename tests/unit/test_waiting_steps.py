@@ -7,13 +7,17 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from core import lifecycle, liveness
 from core.lifecycle import EventVerdict
 from core.models import AgentResponse, Context, EventBody, LineState, OrderEvent, ProcessState, Status
 from core.models import Outcome as AgentOutcome
 from core.workflow import APPROVAL_WORKFLOW, ORDER_WORKFLOW, Kind, Step, StepPolicy, events, remotes
+from scheduler import dispatch
 from scheduler import events as order_events
+from supervisor import supervision
 from scheduler.events import Outcome
 from tests.unit.test_workflow import DEFAULTS, POLICY, World
 
@@ -210,3 +214,104 @@ def test_the_event_message_names_its_order_and_a_known_event_and_has_one_message
         OrderEvent(order_id="o-1", name="payment", approved=True, by="alice")
     with pytest.raises(ValueError):
         EventBody.model_validate_json(b'{"approved": "yes", "by": "alice"}')
+
+
+# --- interleavings: events (on time, late, twice, rejected) against the deadline --------
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("event"), st.booleans(), st.sampled_from(["alice", "bob"])),
+        st.tuples(st.just("tick"), st.integers(0, 2 * 24 * 60 * 60)),
+        st.tuples(st.just("answer"), st.booleans()),
+    ),
+    max_size=12,
+)
+
+
+class Driver:
+    """One approval-workflow order waiting for its approval, driven by a list of events:
+    an event (approved or not, by whom), the clock moving on (the supervisor sweeps, the
+    scheduler takes the nudges that are due), an agent answering the newest request (an
+    action succeeds or is refused; an undo succeeds)."""
+
+    def __init__(self) -> None:
+        self.w = waiting_world()
+        self.deadline = self.w.state().complete_by
+        self.delivered: list[tuple[object, bool, Outcome, EventBody]] = []
+        self.answered: set[int] = set()
+        self.due: list[tuple[object, object]] = []  # (when, nudge)
+
+    def event(self, approved: bool, by: str) -> None:
+        body = EventBody(approved=approved, by=by)
+        self.delivered.append((self.w.now, approved, send(self.w, body).outcome, body))
+
+    def tick(self, seconds: int) -> None:
+        w = self.w
+        w.now += timedelta(seconds=seconds)
+        supervision.sweep(store=w.store, publisher=w.publisher, nudger=w.nudger, policy=POLICY, now=w.now,
+                          alerts_queue="alerts")
+        self.due += [(w.now + delay, nudge) for nudge, delay in w.nudger.nudges]
+        w.nudger.nudges.clear()
+        ready = [nudge for when, nudge in self.due if when <= w.now]
+        self.due = [(when, nudge) for when, nudge in self.due if when > w.now]
+        for nudge in ready:
+            dispatch.schedule(nudge, scheduler=w.scheduler, now=w.now)
+
+    def answer(self, succeed: bool) -> None:
+        fresh = [i for i in range(len(self.w.publisher.requests)) if i not in self.answered]
+        if fresh:
+            self.answered.add(fresh[-1])
+            request = self.w.publisher.requests[fresh[-1]][1]
+            # A remote may refuse an action; an undo it refuses ends in Error (tested elsewhere): not here.
+            succeed = succeed or request.kind is Kind.COMPENSATION
+            outcome = AgentOutcome.SUCCEEDED if succeed else AgentOutcome.FAILED_PERMANENT
+            self.w.answer(outcome, request=request)
+
+    def finish(self) -> None:
+        for _ in range(20):
+            if self.w.state().process_state.terminal:
+                return
+            for _ in range(len(self.w.publisher.requests)):
+                self.answer(True)
+            self.tick(3 * 24 * 60 * 60)
+        raise AssertionError(f"not terminal: {self.w.state()}")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_OPS)
+def test_of_an_event_and_the_deadline_exactly_one_ends_the_wait_and_nothing_runs_twice(ops):
+    d = Driver()
+    for op, *args in ops:
+        getattr(d, op)(*args)
+    d.finish()
+    w, state = d.w, d.w.state()
+    accepted = [(at, approved, body) for at, approved, outcome, body in d.delivered if outcome is Outcome.ACCEPTED]
+    assert len(accepted) <= 1, accepted  # one event ends the wait, once
+    assert all(at < d.deadline for at, *_ in accepted)  # never at or after the deadline
+    lines = w.store.read("o-1").lines
+    (line,) = [line for line in lines if line.step == "approve"]
+    # Undone as a whole, unless an undo itself gave up (its agent never answered: Error, as for any undo).
+    undo_failed = any(x.kind is Kind.COMPENSATION and x.state is LineState.FAILED for x in lines)
+    undone = ProcessState.ERROR if undo_failed else ProcessState.COMPENSATED
+    if not accepted:  # the deadline ended it: the earlier step undone, the cause names the timeout
+        assert line.state is LineState.EXHAUSTED
+        assert state.process_state is undone and "timed out waiting for approval" in state.cause
+    else:
+        (_, approved, body) = accepted[0]
+        assert line.result == body.result()
+        assert line.state is (LineState.DONE if approved else LineState.REFUSED)
+        if not approved:
+            assert state.process_state is undone and "rejected by" in state.cause
+        # The same event again after it was accepted is a duplicate; any other is refused.
+        later = d.delivered[[o for *_, o, _ in d.delivered].index(Outcome.ACCEPTED) + 1 :]
+        for _, _, outcome, other in later:
+            assert outcome is (Outcome.DUPLICATE if other == body else Outcome.NOT_WAITING)
+    # At the remotes: charge only after an approval; the reservation released only if it was
+    # not approved or a later step was refused; each line's key sent for one line only.
+    sent = w.sent()
+    assert (("action", "charge") in sent) == bool(accepted and accepted[0][1])
+    if state.process_state is ProcessState.COMPENSATED:
+        assert w.lines()[("reserve", Kind.COMPENSATION)] is LineState.DONE
+    assert ("compensation", "release") in sent or state.process_state is not ProcessState.COMPENSATED
+    keys = {(r.step, r.kind): r.idempotency_key for _, r in w.publisher.requests}
+    assert len(set(keys.values())) == len(keys)
