@@ -99,7 +99,12 @@ def _known_event(value: str) -> str:
 
 
 #: The name of an event some workflow waits for (core/workflow.py, ``Step.wait_for``).
-EventName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9]{0,30}$"), AfterValidator(_known_event)]
+EventName = Annotated[
+    str,
+    StringConstraints(pattern=r"^[a-z][a-z0-9]{0,30}$"),
+    AfterValidator(_known_event),
+    WithJsonSchema({"type": "string", "enum": list(events())}),
+]
 #: The MessageId every order-event message is sent with (:func:`event_message_id`), worded
 #: as the README states it ("Sending order events").
 EVENT_MESSAGE_ID_RULE = "the order id + ':' + the event name + ':' + the first 16 hex digits of the body's SHA-256"
@@ -185,10 +190,19 @@ class OrderEvent(EventBody):
     """An external event as any Service Bus client sends it (the body of an
     ``order-events`` message): the order, the event's name, and its answer."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, title="OrderEvent")
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        title="OrderEvent",
+        json_schema_extra={"description": "Body of a message on the order-events queue (content type application/json)."},
+    )
 
-    order_id: OrderId
-    name: EventName
+    order_id: OrderId = Field(
+        description=f"The order whose step waits for the event. Send the message with MessageId = {EVENT_MESSAGE_ID_RULE}:"
+        " duplicate detection then drops an identical resend."
+    )
+    name: EventName = Field(description="The event the order's waiting step waits for (e.g. approval).")
 
     def body(self) -> EventBody:
         return EventBody(approved=self.approved, by=self.by, note=self.note)

@@ -315,3 +315,32 @@ def test_of_an_event_and_the_deadline_exactly_one_ends_the_wait_and_nothing_runs
     assert ("compensation", "release") in sent or state.process_state is not ProcessState.COMPENSATED
     keys = {(r.step, r.kind): r.idempotency_key for _, r in w.publisher.requests}
     assert len(set(keys.values())) == len(keys)
+
+
+@pytest.mark.parametrize(
+    ("body", "valid"),
+    [
+        ({"order_id": "o-1", "name": "approval", "approved": True, "by": "alice"}, True),
+        ({"order_id": "o-1", "name": "approval", "approved": False, "by": "bob", "note": "no"}, True),
+        ({"order_id": "o-1", "name": "payment", "approved": True, "by": "alice"}, False),
+        ({"order_id": "o-1", "name": "approval", "approved": "yes", "by": "alice"}, False),
+        ({"order_id": "o-1", "name": "approval", "approved": True}, False),
+        ({"order_id": "o 1", "name": "approval", "approved": True, "by": "alice"}, False),
+        ({"order_id": "o-1", "name": "approval", "approved": True, "by": "alice", "extra": 1}, False),
+    ],
+)
+def test_the_published_event_schema_is_the_models_and_they_agree(body, valid):
+    import json
+
+    import jsonschema
+
+    from core.schema import EVENT_SCHEMA_PATH, render_event
+
+    assert EVENT_SCHEMA_PATH.read_text(encoding="utf-8") == render_event(), "run `python -m core.schema`"
+    schema = json.loads(render_event())
+    try:
+        OrderEvent.model_validate_json(json.dumps(body))
+        model_ok = True
+    except ValueError:
+        model_ok = False
+    assert jsonschema.Draft202012Validator(schema).is_valid(body) == model_ok == valid
