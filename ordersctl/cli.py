@@ -339,7 +339,7 @@ def rejections(
     limit: Annotated[int, typer.Option(min=1)] = 20,
     settings: SettingsFile = None,
 ) -> None:
-    """Show order messages that were refused, with the reason, newest first."""
+    """Show order and order-event messages that were refused, with the reason, newest first."""
     ctx = _context(settings)
     rows = ctx.services.rejections.list(day=day, limit=limit)
     table = Table("rejected at", "message id", "reason", "body")
