@@ -3,7 +3,7 @@ as a client sends them, run by the real function_app.py on a local host against 
 fake remote services; approved on the operator page in a browser (its approve button
 posts to the operator's route), rejected by
 ``ordersctl reject`` (a message on the order-events queue, as any client sends one).
-The other cases (timed out, refused, duplicates, the race with the deadline) run on
+The other cases (timed out, refused, sent twice, the race with the deadline) run on
 Azurite in tests/integration/test_order_events.py and on the in-memory table in
 tests/unit/test_waiting_steps.py."""
 
