@@ -2,7 +2,7 @@
 
 ``GET /api/orders/{id}``, ``GET /api/orders?state=...``, ``GET /api/orders?customer=...``,
 ``POST /api/orders/{id}/resubmit``; ``GET /api/errors``, ``GET /api/errors/{group}``,
-``POST /api/errors/{group}/resubmit`` (api/search.py);
+``POST /api/errors/{group}/resubmit`` (api/search.py); ``POST /api/orders/{id}/events/{name}`` (api/events.py);
 the page ``GET /api/ops`` with its files (``/api/ops/static/{name}``), the caller's roles
 (``/api/ops/me``), the counts per state over time (``/api/ops/counts``) and an order's
 spans (``GET /api/orders/{id}/trace``).
@@ -24,7 +24,7 @@ import azure.functions as func
 from adapters import traces
 from adapters.settings import get_settings
 from adapters.wiring import services
-from api import ops, orders, search
+from api import events, ops, orders, search
 from core import access
 from core.models import utcnow
 
@@ -102,6 +102,25 @@ def resubmit_error_group(req: func.HttpRequest) -> func.HttpResponse:
             req.route_params.get("group"), req.params, store=s.store, nudger=s.nudger, now=utcnow,
             pending_timeout=s.settings.pending_timeout, per_second=s.settings.bulk_resubmit_per_second,
             batch=s.settings.bulk_resubmit_batch,
+        )
+
+    return _respond(
+        orders.serve(
+            req.method, req.headers, methods=("POST",), roles=access.OPERATE_ROLES, mode=get_settings().api_auth,
+            action=action,
+        )
+    )
+
+
+@bp.function_name("post_order_event")
+@bp.route(route="orders/{id}/events/{name}", auth_level=func.AuthLevel.ANONYMOUS)
+def post_order_event(req: func.HttpRequest) -> func.HttpResponse:
+    def action() -> orders.Reply:
+        from scheduler.blueprint import scheduler
+
+        return events.post_event(
+            req.route_params.get("id"), req.route_params.get("name"), req.get_body(),
+            scheduler=scheduler(services()), now=utcnow(),
         )
 
     return _respond(

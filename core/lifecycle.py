@@ -15,6 +15,11 @@ supervisor's (:func:`supervise`) know only deadlines and failure counts::
                          ▼                                         ▼
                   expired, failures < max:           Processing(undo j) ─done/failed─► undo j-1 …
                   Pending, nudged after a backoff        └─► Compensated, or Error if an undo failed
+
+A waiting step (``Step(wait_for=...)``) is claimed like any line but sends no request:
+its event ends it (:func:`receive_event`: approved is done, rejected is refused), or its
+deadline does (one attempt: the supervisor's expiry is a give-up, and :func:`give_up`
+undoes the steps before it). An undo skips waiting steps: nothing was done there.
 """
 
 from __future__ import annotations
@@ -177,18 +182,12 @@ def complete(
     """
     if not accepts_response(state, response):
         return None
+    if step_of(state, workflow).waiting:
+        return None  # a waiting line is ended by its event or its deadline, never by an agent
     if state.kind is Kind.ACTION:
         if response.outcome is Outcome.SUCCEEDED:
             done = _line_record(state, workflow, LineState.DONE, now, result=response.result)
-            if state.step_index + 1 == len(workflow.steps):
-                return Transition(_end(state, ProcessState.PROCESSED, now, None, failure_count=0), (done,))
-            return Transition(
-                _start(
-                    state, workflow, state.step_index + 1, Kind.ACTION, instance, now, defaults,
-                    failure_count=0, last_error=None,
-                ),
-                (done,),
-            )
+            return _advance(state, workflow, instance, now, defaults, done)
         # Refused: nothing was applied at this step; undo the ones before it.
         reason = response.error or "the remote service refused the step"
         refused = _line_record(state, workflow, LineState.REFUSED, now, error=reason)
@@ -203,6 +202,99 @@ def complete(
         state.model_copy(update={"failed": (*state.failed, state.step_index)}),
         workflow, instance, now, defaults, [failed],
     )
+
+
+def _advance(
+    state: OrderState, workflow: Workflow, instance: str, now: datetime, defaults: StepPolicy, done: LineRecord
+) -> Transition:
+    """The current action is done: claim the next step, or end the order Processed."""
+    if state.step_index + 1 == len(workflow.steps):
+        return Transition(_end(state, ProcessState.PROCESSED, now, None, failure_count=0), (done,))
+    return Transition(
+        _start(
+            state, workflow, state.step_index + 1, Kind.ACTION, instance, now, defaults,
+            failure_count=0, last_error=None,
+        ),
+        (done,),
+    )
+
+
+# --- waiting steps: an external event ends the line ----------------------------------
+
+
+def waiting_for(state: OrderState, workflow: Workflow) -> str | None:
+    """The event the order's current line waits for, or None when it waits for none.
+
+    A waiting line has no remote action in flight (no agent request was sent), so
+    nothing there can still take effect: a cancel may compensate the earlier steps at
+    once, as a rejection does (:func:`receive_event`)."""
+    if state.process_state is not ProcessState.PROCESSING or state.kind is not Kind.ACTION:
+        return None
+    return step_of(state, workflow).wait_for
+
+
+class EventVerdict(str, Enum):
+    #: The line waited for this event: it ends now (approved: the workflow goes on;
+    #: rejected: the earlier steps are undone).
+    ACCEPTED = "accepted"
+    #: The same event (name and body) already ended its line: nothing to do.
+    DUPLICATE = "duplicate"
+    #: No line waits for this event (another line, an ended order, a passed deadline).
+    NOT_WAITING = "not_waiting"
+
+
+@dataclass(frozen=True)
+class EventDecision:
+    verdict: EventVerdict
+    #: For ACCEPTED: what to write (If-Match), in one transaction.
+    transition: Transition | None = None
+    #: For NOT_WAITING: why.
+    reason: str | None = None
+
+
+def event_cause(step: str, event: str, body: dict) -> str:
+    """Why an order is undone after a rejection: the step, by whom, and the note."""
+    note = f": {body['note']}" if body.get("note") else ""
+    return f"step {step}: {event} rejected by {body.get('by')}{note}"
+
+
+def receive_event(
+    state: OrderState, lines: tuple[LineRecord, ...] | list[LineRecord], workflow: Workflow, name: str, body: dict,
+    instance: str, now: datetime, defaults: StepPolicy,
+) -> EventDecision:
+    """An external event ``name`` with ``body`` (``{"approved": bool, "by": ..., "note": ...}``)
+    for an order, decided on its rows as read.
+
+    Accepted only by a line waiting for ``name`` whose deadline has not passed: the
+    write that ends the line is If-Match on the row as read, as is the supervisor's
+    expiry, so of an event and the deadline exactly one wins. Approved: the line is
+    Done with the body as its result, and the next step is claimed in the same write.
+    Rejected: the line is Refused (nothing was applied at it) and the steps before it
+    are undone. The same event again, once its line has ended with it, is a duplicate.
+    """
+    waited = waiting_for(state, workflow)
+    if waited == name and not state.gave_up:
+        if now >= state.complete_by:
+            reason = f"step {state.step} stopped waiting for {name} at {state.complete_by.isoformat()}"
+            return EventDecision(EventVerdict.NOT_WAITING, reason=reason)
+        if body.get("approved"):
+            done = _line_record(state, workflow, LineState.DONE, now, result=body)
+            return EventDecision(EventVerdict.ACCEPTED, _advance(state, workflow, instance, now, defaults, done))
+        cause = event_cause(state.step or "", name, body)
+        refused = _line_record(state, workflow, LineState.REFUSED, now, error=cause, result=body)
+        transition = _compensate(state, workflow, instance, now, defaults, refused, cause, first=state.step_index - 1)
+        return EventDecision(EventVerdict.ACCEPTED, transition)
+    for line in lines:
+        step = workflow.steps[line.step_index] if 0 <= line.step_index < len(workflow.steps) else None
+        if step is not None and step.wait_for == name and line.kind is Kind.ACTION and line.result == body:
+            return EventDecision(EventVerdict.DUPLICATE)
+    if waited is not None and waited != name:
+        reason = f"step {state.step} waits for {waited}, not {name}"
+    elif state.process_state.terminal:
+        reason = f"the order is {state.process_state.value}: no step waits for {name}"
+    else:
+        reason = f"no step waits for {name}: the order is {state.process_state.value} at {state.kind.value} {state.step}"
+    return EventDecision(EventVerdict.NOT_WAITING, reason=reason)
 
 
 def postpone(
@@ -257,9 +349,15 @@ def give_up(
     that gave up is recorded as failed and the others still run.
     """
     reason = state.last_error or f"step {state.step} gave up"
+    step = step_of(state, workflow)
+    if state.kind is Kind.ACTION and step.waiting:
+        # Its deadline passed with no event: nothing was done at this step, undo the ones before.
+        cause = f"step {state.step} timed out waiting for {step.wait_for}: {reason}"
+        expired = _line_record(state, workflow, LineState.EXHAUSTED, now, error=cause)
+        return _compensate(state, workflow, instance, now, defaults, expired, cause, first=state.step_index - 1)
     if state.kind is Kind.ACTION:
         exhausted = _line_record(state, workflow, LineState.EXHAUSTED, now, error=reason)
-        if step_of(state, workflow).compensate is None:
+        if step.compensate is None:
             error = (
                 f"step {state.step}: outcome unknown after {state.failure_count} failed attempts, and it cannot be "
                 f"undone; check it at the remote service, then resubmit to run it again (same idempotency key). "
@@ -301,6 +399,8 @@ def _compensate_next(
     while plan:
         index = plan.pop(0)
         step = workflow.steps[index]
+        if step.waiting:
+            continue  # nothing was done at a waiting step: nothing to undo
         if step.compensate is None:
             failed.append(index)
             records.append(

@@ -22,7 +22,7 @@ from decimal import Decimal
 from enum import Enum
 from typing import Annotated, Any
 
-from core.workflow import Kind
+from core.workflow import WORKFLOWS, Kind, events
 from pydantic import (
     AfterValidator,
     AwareDatetime,
@@ -77,6 +77,39 @@ Code = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0
 Text = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_no_control_characters)]
 
 
+def _known_workflow(value: str) -> str:
+    known = sorted({w.name for w in WORKFLOWS.values()})
+    if value not in known:
+        raise ValueError(f"unknown workflow {value!r}; known: {', '.join(known)}")
+    return value
+
+
+WorkflowName = Annotated[
+    str,
+    StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,39}$"),
+    AfterValidator(_known_workflow),
+    WithJsonSchema({"type": "string", "enum": sorted({w.name for w in WORKFLOWS.values()})}),
+]
+
+
+def _known_event(value: str) -> str:
+    if value not in events():
+        raise ValueError(f"no workflow waits for an event {value!r}; known: {', '.join(events())}")
+    return value
+
+
+#: The name of an event some workflow waits for (core/workflow.py, ``Step.wait_for``).
+EventName = Annotated[
+    str,
+    StringConstraints(pattern=r"^[a-z][a-z0-9]{0,30}$"),
+    AfterValidator(_known_event),
+    WithJsonSchema({"type": "string", "enum": list(events())}),
+]
+#: The MessageId every order-event message is sent with (:func:`event_message_id`), worded
+#: as the README states it ("Sending order events").
+EVENT_MESSAGE_ID_RULE = "the order id + ':' + the event name + ':' + the first 16 hex digits of the body's SHA-256"
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -110,6 +143,12 @@ class OrderRequest(_Message):
     items: list[OrderItem] = Field(min_length=1, max_length=MAX_ITEMS)
     total: Money = Field(description="Must equal the sum of quantity * unit_price.")
     notes: Annotated[str, StringConstraints(max_length=2_000), AfterValidator(_no_control_characters)] | None = None
+    workflow: WorkflowName | None = Field(
+        None,
+        description="The workflow the order runs on, by name (its newest version): order (reserve, charge, ship; "
+        "the default when absent) or order-approval (reserve, then wait up to a day for an approval, then charge, "
+        "ship). The client chooses: README, \"Workflows\".",
+    )
 
     @model_validator(mode="after")
     def _total_matches_items(self) -> OrderRequest:
@@ -129,6 +168,53 @@ class OrderRequest(_Message):
         queue's duplicate detection drops an identical resend but lets a corrected order
         through (README, "Sending orders")."""
         return message_id_for(self.order_id, self.document().encode())
+
+
+class EventBody(BaseModel):
+    """An external event's answer (the body of ``POST /api/orders/{id}/events/{name}``):
+    approved or not, by whom, with an optional note. Ends a waiting step: approved, the
+    workflow goes on and this is the step's result; rejected, the earlier steps are undone."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    approved: bool
+    by: Text
+    note: Annotated[str, StringConstraints(max_length=500), AfterValidator(_no_control_characters)] | None = None
+
+    def result(self) -> dict[str, Any]:
+        """As recorded on the line (and compared to tell a duplicate)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class OrderEvent(EventBody):
+    """An external event as any Service Bus client sends it (the body of an
+    ``order-events`` message): the order, the event's name, and its answer."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        title="OrderEvent",
+        json_schema_extra={"description": "Body of a message on the order-events queue (content type application/json)."},
+    )
+
+    order_id: OrderId = Field(
+        description=f"The order whose step waits for the event. Send the message with MessageId = {EVENT_MESSAGE_ID_RULE}:"
+        " duplicate detection then drops an identical resend."
+    )
+    name: EventName = Field(description="The event the order's waiting step waits for (e.g. approval).")
+
+    def body(self) -> EventBody:
+        return EventBody(approved=self.approved, by=self.by, note=self.note)
+
+    def message_id(self) -> str:
+        """:data:`EVENT_MESSAGE_ID_RULE`: duplicate detection drops an identical resend."""
+        return event_message_id(self.order_id, self.name, self.model_dump_json(exclude_none=True).encode())
+
+
+def event_message_id(order_id: str, name: str, body: bytes) -> str:
+    """The MessageId of an order-event message: :data:`EVENT_MESSAGE_ID_RULE`."""
+    return f"{order_id}:{name}:{hashlib.sha256(body).hexdigest()[:16]}"
 
 
 class ProcessState(str, Enum):
@@ -327,6 +413,8 @@ class Status(str, Enum):
     PROCESSING = "processing"
     RETRYING = "retrying"
     COMPENSATING = "compensating"
+    #: A waiting step began: the detail names the event and its deadline.
+    WAITING = "waiting"
     PROCESSED = "processed"
     COMPENSATED = "compensated"
     FAILED = "failed"

@@ -37,6 +37,7 @@ SERVICEBUS_CONNECTION = "ServiceBusConnection"
 #: App settings that hold queue/table names. Bindings refer to them as ``%NAME%``
 #: so a deployment can rename a queue without a code change.
 ORDERS_QUEUE_SETTING = "ORDERS_QUEUE"
+ORDER_EVENTS_QUEUE_SETTING = "ORDER_EVENTS_QUEUE"
 AGENT_RESPONSES_QUEUE_SETTING = "AGENT_RESPONSES_QUEUE"
 ALERTS_QUEUE_SETTING = "ALERTS_QUEUE"
 #: The scheduler's single queue of before the sharding, still read (drained) by ``schedule_order``.
@@ -55,6 +56,8 @@ ACTIVE_INDEX_SHARDS_SETTING = "ACTIVE_INDEX_SHARDS"
 # --- Default names ----------------------------------------------------------------
 
 ORDERS_QUEUE = "orders"
+#: External events for waiting steps (an approval), from any client (README, "Sending order events").
+ORDER_EVENTS_QUEUE = "order-events"
 AGENT_RESPONSES_QUEUE = "agent-responses"
 ALERTS_QUEUE = "alerts"
 SCHEDULER_QUEUE = "scheduler"
@@ -251,6 +254,16 @@ SERVICEBUS_QUEUES: tuple[ServiceBusQueueSpec, ...] = (
         dead_letter_on_expiry=True,
         duplicate_detection=True,
     ),
+    # Events for waiting steps (approvals) from any client, as orders: MessageId is the
+    # dedup key (core.models.EVENT_MESSAGE_ID_RULE); an event nobody read in time is
+    # dead-lettered where an operator can see it.
+    ServiceBusQueueSpec(
+        ORDER_EVENTS_QUEUE,
+        ORDER_EVENTS_QUEUE_SETTING,
+        max_delivery_count=10,
+        dead_letter_on_expiry=True,
+        duplicate_detection=True,
+    ),
     # One request queue per remote service, so a slow service cannot starve the
     # others. Requests carry their own time-to-live (complete-by - now). An expired
     # request is discarded, never dead-lettered: the pattern forbids acting after
@@ -321,6 +334,8 @@ SPAN_AGENT = "agent.run"  # an agent's handling of one request
 SPAN_RECORD = "order.record"  # complete_step: an agent response recorded (or ignored)
 SPAN_CLOSE = "order.close"  # the order's final state: status event, alert, out of the index
 SPAN_RESUBMIT = "order.resubmit"  # operator: Error -> Pending
+SPAN_WAIT = "order.wait"  # a waiting step claimed: the wait for its event begins (no agent request)
+SPAN_EVENT = "order.event"  # an external event for a waiting step: accepted, duplicate or refused
 #: The supervisor acting on one expired order: ``supervisor.retry``, ``supervisor.give_up``,
 #: ``supervisor.renudge`` (the verdict), ``supervisor.heal`` (closing a terminal order again).
 SPAN_SUPERVISOR_PREFIX = "supervisor."

@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from core.lifecycle import waiting_for
 from core.models import Line, LineRecord, OrderState, ProcessState
 from core.workflow import Kind, UnknownWorkflow, Workflow, workflow
 
 #: A line that has not ended yet: waiting for the scheduler, or with its agent.
 WAITING = "Waiting"
 RUNNING = "Running"
+#: A waiting step's line (core/workflow.py ``Step.wait_for``) claimed: waiting for its event.
+WAITING_FOR_EVENT = "WaitingForEvent"
 #: An undo planned after the current one.
 PLANNED = "Planned"
 NOT_STARTED = "NotStarted"
@@ -23,6 +26,8 @@ class LineView(Line):
 
     remote: str
     state: str
+    #: A waiting step's event (its line calls no remote).
+    wait_for: str | None = None
 
 
 def progress(state: OrderState, workflow: Workflow, lines: tuple[LineRecord, ...] | list[LineRecord]) -> list[LineView]:
@@ -33,9 +38,12 @@ def progress(state: OrderState, workflow: Workflow, lines: tuple[LineRecord, ...
 
     def view(index: int, kind: Kind) -> LineView:
         step = workflow.steps[index]
-        base = {"step": step.name, "kind": kind, "action": step.action_of(kind), "remote": step.remote}
+        base = {"step": step.name, "kind": kind, "action": step.action_of(kind), "remote": step.remote,
+                "wait_for": step.wait_for}
         if (index, kind) == current:
             running = RUNNING if state.process_state is ProcessState.PROCESSING else WAITING
+            if running == RUNNING and step.waiting:
+                running = WAITING_FOR_EVENT
             return LineView(
                 **base, state=running, attempt=state.attempt or None, failure_count=state.failure_count,
                 last_error=state.last_error,
@@ -66,6 +74,17 @@ def steps_of(state: OrderState, lines: tuple[LineRecord, ...] | list[LineRecord]
     except UnknownWorkflow as error:
         return [{"error": str(error)}]
     return [line.model_dump(mode="json") for line in progress(state, definition, lines)]
+
+
+def waiting(state: OrderState) -> dict[str, Any] | None:
+    """``{"event": ..., "until": ...}`` while the order's current line waits for an external
+    event (``POST /api/orders/{id}/events/{event}``), else None."""
+    try:
+        definition = workflow(state.workflow, state.workflow_version)
+    except UnknownWorkflow:
+        return None
+    event = waiting_for(state, definition)
+    return None if event is None else {"event": event, "step": state.step, "until": state.complete_by.isoformat()}
 
 
 def order_summary(state: OrderState) -> dict[str, Any]:
@@ -104,6 +123,7 @@ def status_document(
         "complete_by": state.complete_by.isoformat(),
         "last_error": state.last_error,
         "cause": state.cause,
+        "waiting": waiting(state),
         "reply_to": state.reply_to,
         "note": state.note,
         "created_at": state.created_at.isoformat(),

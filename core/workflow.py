@@ -61,11 +61,18 @@ class StepPolicy:
 
 @dataclass(frozen=True)
 class Step:
+    """A step at a remote service (``remote``, ``action``), or a waiting step
+    (``wait_for``): one that calls no remote but waits for an external event (an
+    approval) until its deadline, ``policy.timeout_seconds``. A waiting step has no agent
+    and no queue, nothing to undo (``compensate`` stays None; an undo skips it), and one
+    attempt: its deadline passing is a give-up, and the scheduler then undoes the steps
+    before it (docs/workflows.md, "Waiting steps")."""
+
     name: str
     #: The remote service: its agent function, request queue and URL setting follow from it.
-    remote: str
+    remote: str = ""
     #: ``POST {remote base URL}/{action}``.
-    action: str
+    action: str = ""
     #: The action that undoes ``action`` (``POST {base}/{compensate}``), or None when
     #: the step cannot be undone (keep such steps last: see the README).
     compensate: str | None = None
@@ -74,15 +81,40 @@ class Step:
     #: if that action was applied, 404 if not): after an attempt whose outcome is
     #: unknown, the agent asks before sending the action again.
     lookup: bool = False
+    #: The event this step waits for instead of calling a remote (e.g. ``approval``):
+    #: ``POST /api/orders/{id}/events/{wait_for}``, or a message on ``order-events``.
+    wait_for: str | None = None
 
     def __post_init__(self) -> None:
+        if self.wait_for is not None:
+            self._check_waiting()
+            return
         for what, value in (("step", self.name), ("remote", self.remote), ("action", self.action)):
             if not _NAME.match(value):
                 raise ValueError(f"{what} name {value!r} must be lower-case letters and digits, starting with a letter")
         if self.compensate is not None and not _NAME.match(self.compensate):
             raise ValueError(f"compensation name {self.compensate!r} must be lower-case letters and digits")
 
+    def _check_waiting(self) -> None:
+        for what, value in (("step", self.name), ("event", self.wait_for)):
+            if not _NAME.match(value):
+                raise ValueError(f"{what} name {value!r} must be lower-case letters and digits, starting with a letter")
+        if self.remote or self.action or self.compensate is not None or self.lookup:
+            raise ValueError(f"waiting step {self.name!r} calls no remote: no remote, action, compensation or lookup")
+        if self.policy.timeout_seconds is None:
+            raise ValueError(f"waiting step {self.name!r} needs its deadline: policy timeout_seconds")
+        if self.policy.max_failures not in (None, 1):
+            raise ValueError(f"waiting step {self.name!r} has one attempt: its deadline passing is a give-up")
+        # One attempt: the supervisor's generic expiry of the line is the give-up.
+        object.__setattr__(self, "policy", replace(self.policy, max_failures=1))
+
+    @property
+    def waiting(self) -> bool:
+        return self.wait_for is not None
+
     def action_of(self, kind: Kind) -> str | None:
+        if self.waiting:
+            return None
         return self.action if kind is Kind.ACTION else self.compensate
 
 
@@ -132,9 +164,26 @@ ORDER_WORKFLOW = Workflow(
     ),
 )
 
+#: How long an order of :data:`APPROVAL_WORKFLOW` waits for its approval: one day.
+APPROVAL_TIMEOUT_SECONDS = 24 * 60 * 60
+
+#: The order workflow with an approval: reserve the stock, then wait for a person's
+#: approval (the event ``approval``) for up to a day, then charge and ship. Rejected, or
+#: not approved in time: the reservation is released and the order ends Compensated. An
+#: order chooses it with ``"workflow": "order-approval"`` (README, "Sending orders").
+APPROVAL_WORKFLOW = Workflow(
+    "order-approval",
+    1,
+    (
+        ORDER_WORKFLOW.steps[0],
+        Step("approve", wait_for="approval", policy=StepPolicy(timeout_seconds=APPROVAL_TIMEOUT_SECONDS)),
+        *ORDER_WORKFLOW.steps[1:],
+    ),
+)
+
 #: Every definition an order may be running on, by (name, version). Keep old versions
 #: here until no order runs on them.
-WORKFLOWS: dict[tuple[str, int], Workflow] = {w.key: w for w in (ORDER_WORKFLOW,)}
+WORKFLOWS: dict[tuple[str, int], Workflow] = {w.key: w for w in (ORDER_WORKFLOW, APPROVAL_WORKFLOW)}
 
 #: What a new order starts on.
 CURRENT = ORDER_WORKFLOW
@@ -142,6 +191,25 @@ CURRENT = ORDER_WORKFLOW
 
 class UnknownWorkflow(LookupError):
     """An order names a workflow definition this app does not have."""
+
+
+def latest(name: str, workflows: dict[tuple[str, int], Workflow] = WORKFLOWS) -> Workflow:
+    """The newest version of the workflow ``name``: what a new order naming it starts on."""
+    versions = [w for w in workflows.values() if w.name == name]
+    if not versions:
+        known = sorted({w.name for w in workflows.values()})
+        raise UnknownWorkflow(f"no workflow {name!r} (known: {', '.join(known)})")
+    return max(versions, key=lambda w: w.version)
+
+
+def events(workflows: dict[tuple[str, int], Workflow] = WORKFLOWS) -> tuple[str, ...]:
+    """Every event name some registered definition waits for, in first-use order."""
+    seen: dict[str, None] = {}
+    for definition in workflows.values():
+        for step in definition.steps:
+            if step.wait_for is not None:
+                seen.setdefault(step.wait_for, None)
+    return tuple(seen)
 
 
 def workflow(name: str, version: int) -> Workflow:
@@ -157,7 +225,8 @@ def remotes(workflows: dict[tuple[str, int], Workflow] = WORKFLOWS) -> tuple[str
     seen: dict[str, None] = {}
     for definition in workflows.values():
         for step in definition.steps:
-            seen.setdefault(step.remote, None)
+            if not step.waiting:  # a waiting step calls no remote: no agent, no queue
+                seen.setdefault(step.remote, None)
     return tuple(seen)
 
 
@@ -167,5 +236,5 @@ def actions(remote: str, workflows: dict[tuple[str, int], Workflow] = WORKFLOWS)
         step.action: step.compensate
         for definition in workflows.values()
         for step in definition.steps
-        if step.remote == remote
+        if step.remote == remote and not step.waiting
     }

@@ -171,6 +171,7 @@ var deploymentContainerName = 'app-package-${take(functionAppName, 32)}-${take(r
 
 // The app's queue and table names: the defaults in core/names.py.
 var ordersQueueName = 'orders'
+var orderEventsQueueName = 'order-events'
 var agentResponsesQueueName = 'agent-responses'
 var alertsQueueName = 'alerts'
 var schedulerQueueName = 'scheduler'
@@ -258,6 +259,22 @@ var serviceBusQueues = concat([
       // A client that resends after a timeout must not create a second order:
       // Service Bus drops a repeat MessageId inside the window. The app's own
       // idempotency (the order row keyed by order id) covers anything older.
+      requiresDuplicateDetection: true
+      duplicateDetectionHistoryTimeWindow: 'P1D'
+    }
+  }
+  {
+    // Events for waiting steps (an approval) from any client, kept like orders: a
+    // transient failure is retried by redelivery, an invalid or refused event is kept in
+    // the rejections table on its first delivery, an event nobody read in time is
+    // dead-lettered, and a resend with the same MessageId (the order id, the event name
+    // and a hash of the body: README, "Sending order events") is dropped.
+    name: orderEventsQueueName
+    properties: {
+      lockDuration: 'PT1M'
+      maxDeliveryCount: 10
+      defaultMessageTimeToLive: 'P14D'
+      deadLetteringOnMessageExpiration: true
       requiresDuplicateDetection: true
       duplicateDetectionHistoryTimeWindow: 'P1D'
     }
@@ -436,6 +453,7 @@ module functionApp 'app/function-app.bicep' = {
       ServiceBusConnection__clientId: identity.outputs.clientId
       // Queue and table names, read by bindings as %SETTING% and by the app.
       ORDERS_QUEUE: ordersQueueName
+      ORDER_EVENTS_QUEUE: orderEventsQueueName
       AGENT_RESPONSES_QUEUE: agentResponsesQueueName
       ALERTS_QUEUE: alertsQueueName
       SCHEDULER_QUEUE: schedulerQueueName

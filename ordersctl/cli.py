@@ -1,4 +1,4 @@
-"""Commands: send-order, watch-status, status, list, errors, alerts, dead-letters, rejections, resubmit, backfill-customers, stamp.
+"""Commands: send-order, watch-status, status, list, errors, alerts, dead-letters, rejections, resubmit, backfill-customers, stamp, approve, reject.
 
 Exit codes: 0 success, 1 a clear failure (not found, refused, invalid), 2 usage.
 """
@@ -109,6 +109,9 @@ def send_order(
     item: Annotated[list[str] | None, typer.Option(help="SKU:QUANTITY:UNIT_PRICE; repeat for more lines.")] = None,
     currency: Annotated[str, typer.Option(help="ISO 4217 currency.")] = "EUR",
     reply_to: Annotated[str | None, typer.Option("--reply-to", help="A queue to receive status events.")] = None,
+    workflow: Annotated[
+        str | None, typer.Option(help="The workflow to run (e.g. order-approval); default: the order workflow.")
+    ] = None,
     settings: SettingsFile = None,
     stamps: Stamps = None,
 ) -> None:
@@ -122,9 +125,9 @@ def send_order(
             raise typer.BadParameter("give --file, or --order-id, --customer and at least one --item")
         lines = [_parse_item(text) for text in item]
         total = sum((Decimal(line["unit_price"]) * line["quantity"] for line in lines), Decimal(0))
-        body = json.dumps(
-            {"order_id": order_id, "customer_id": customer, "currency": currency, "items": lines, "total": f"{total:.2f}"}
-        ).encode()
+        document = {"order_id": order_id, "customer_id": customer, "currency": currency, "items": lines,
+                    "total": f"{total:.2f}"}
+        body = json.dumps({**document, "workflow": workflow} if workflow else document).encode()
     try:
         order = OrderRequest.model_validate_json(body)
     except ValidationError as error:
@@ -209,6 +212,8 @@ def status(
         ("complete by", f"{state.complete_by.isoformat()} ({_ago(state.complete_by)})"),
         ("last error", state.last_error or "-"),
         ("undone because", state.cause or "-"),
+        ("waiting for", f"{document['waiting']['event']} until {document['waiting']['until']}"
+         if document["waiting"] else "-"),
         ("reply to", state.reply_to or "-"),
         ("note", state.note or "-"),
         ("created / updated", f"{state.created_at.isoformat()} / {state.updated_at.isoformat()}"),
@@ -359,7 +364,7 @@ def rejections(
     limit: Annotated[int, typer.Option(min=1)] = 20,
     settings: SettingsFile = None,
 ) -> None:
-    """Show order messages that were refused, with the reason, newest first."""
+    """Show order and order-event messages that were refused, with the reason, newest first."""
     ctx = _context(settings)
     rows = ctx.services.rejections.list(day=day, limit=limit)
     table = Table("rejected at", "message id", "reason", "body")
@@ -439,6 +444,37 @@ def stamp(
     for order_id in order_ids:
         index, namespace = stamp_for(order_id, listed)
         out.print(f"{order_id}  stamp {index}  {namespace}")
+By = Annotated[str | None, typer.Option(help="Who decides (default: your user name).")]
+Note = Annotated[str | None, typer.Option(help="Why, for the order's record.")]
+Event = Annotated[str, typer.Option(help="The event the order's waiting step waits for.")]
+Waiting = Annotated[str, typer.Argument(help="An order whose step waits for the event.")]
+
+
+def _send_event(order_id: str, approved: bool, by, note, event, settings) -> None:
+    from ordersctl.events import InvalidEvent, event_message, send_event
+
+    try:  # validated before any connection
+        message = event_message(order_id, approved=approved, by=by, note=note, event=event)
+    except InvalidEvent as error:
+        raise fail(str(error)) from error
+    ctx = _context(settings)
+    send_event(ctx.servicebus(), ctx.settings.order_events_queue, message)
+    out.print(f"sent the {'approval' if approved else 'rejection'} of order [bold]{order_id}[/bold] ({event}) to "
+              f"{ctx.settings.order_events_queue}; `ordersctl status {order_id}` shows the outcome")
+
+
+@app.command()
+def approve(order_id: Waiting, by: By = None, note: Note = None, event: Event = "approval",
+            settings: SettingsFile = None) -> None:
+    """Approve an order's waiting step (a message on order-events): the workflow goes on."""
+    _send_event(order_id, True, by, note, event, settings)
+
+
+@app.command()
+def reject(order_id: Waiting, by: By = None, note: Note = None, event: Event = "approval",
+           settings: SettingsFile = None) -> None:
+    """Reject an order's waiting step (a message on order-events): the steps before it are undone."""
+    _send_event(order_id, False, by, note, event, settings)
 
 
 def main() -> None:

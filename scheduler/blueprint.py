@@ -10,7 +10,7 @@ from adapters.wiring import Services, parse_or_drop, services
 from core import claims, names
 from core.models import AgentResponse, Nudge, utcnow
 from core.workflow import CURRENT
-from scheduler import dispatch, submission
+from scheduler import dispatch, events, submission
 
 bp = func.Blueprint()
 
@@ -116,3 +116,19 @@ def complete_step(msg: func.ServiceBusMessage) -> None:
             attempt=response.attempt, outcome=response.outcome,
         ):
             dispatch.record(response, scheduler=scheduler(s), now=utcnow())
+
+
+@bp.function_name("receive_order_event")
+@bp.service_bus_queue_trigger(
+    arg_name="msg", queue_name=f"%{names.ORDER_EVENTS_QUEUE_SETTING}%", connection=names.SERVICEBUS_CONNECTION,
+    data_type=func.DataType.BINARY,
+)
+def receive_order_event(msg: func.ServiceBusMessage) -> None:
+    # An external event for a waiting step, from any client (README, "Sending order events").
+    # As for orders: an invalid or refused event is kept in the rejections table and completed.
+    # Its span (order.event) joins the order's trace (scheduler/events.py).
+    s = services()
+    events.receive_message(
+        msg.get_body(), message_id=msg.message_id, content_type=msg.content_type, scheduler=scheduler(s),
+        rejections=s.rejections, now=utcnow(),
+    )

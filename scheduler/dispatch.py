@@ -252,10 +252,40 @@ def _carry_out(
         return None
     if not transition.dispatch:
         return None
+    step = lifecycle.step_of(state, workflow(state.workflow, state.workflow_version))
+    if step.waiting:
+        _wait(scheduler, state, step.wait_for, now)
+        return None
     claim = names.SPAN_COMPENSATE if state.kind is Kind.COMPENSATION else names.SPAN_CLAIM
     with telemetry.span(claim, order_id=state.order_id, step=state.step, kind=state.kind, attempt=state.attempt):
         telemetry.line_claimed(state.step, state.kind, retry=state.failure_count > 0)
         return _send(scheduler, state, order, results, now)
+
+
+def _wait(scheduler: Scheduler, state: OrderState, event: str, now: datetime) -> None:
+    """A waiting line was claimed: no agent request, only the submitter's status event.
+    Its event (scheduler/events.py) or its deadline (the supervisor) ends it."""
+    with telemetry.span(names.SPAN_WAIT, order_id=state.order_id, step=state.step, kind=state.kind,
+                        attempt=state.attempt):
+        telemetry.line_claimed(state.step, state.kind, retry=False)
+        log.info("order %s attempt %s: %s waits for %s until %s", state.order_id, state.attempt, state.step, event,
+                 state.complete_by.isoformat())
+        scheduler.publisher.send_status(
+            StatusEvent(
+                order_id=state.order_id, status=Status.WAITING, time=now, step=state.step, attempt=state.attempt,
+                detail=f"waiting for {event} until {state.complete_by.isoformat()}",
+            ),
+            queue=state.reply_to,
+        )
+
+
+def carry_out(
+    scheduler: Scheduler, state: OrderState, transition: Transition, order: dict[str, Any],
+    results: dict[str, dict[str, Any]], now: datetime,
+) -> AgentRequest | None:
+    """What follows a transition written outside this module (an external event's,
+    scheduler/events.py): close the order, or send the line it claimed."""
+    return _carry_out(scheduler, state, transition, order, results, now)
 
 
 def _send(

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from adapters import search, telemetry
 from adapters.messaging import Publisher
 from core.models import Nudge, OrderRequest, ProcessState, Status, StatusEvent, explain, queue_key
-from core.workflow import Workflow
+from core.workflow import Workflow, latest
 from adapters.store import OrderConflict, RejectionStore, StateStore
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def submit(
     pending_timeout: timedelta,
     trace_parent: str | None = None,
 ) -> Submission:
-    """``own_queues``: the app's own queues, which a ReplyTo may not name (status events
+    """``workflow``: what an order that names none runs on. ``own_queues``: the app's own queues, which a ReplyTo may not name (status events
     would land among alerts, orders or agent requests). ``trace_parent``: the submission's
     trace context, kept on a new order's state row (its resets and resubmits continue it)."""
     result = _submit(
@@ -164,9 +164,12 @@ def _submit(
         reply_to = None
 
     search.index_customer(store, order, now)  # before the order's transaction (adapters/search.py)
+    # The order's own "workflow" field (validated by the model: a name the app has) picks
+    # the newest version of that workflow; without it, the default (README, "Workflows").
+    chosen = latest(order.workflow) if order.workflow else workflow
     try:
         created = store.create_order(
-            order, workflow=workflow, reply_to=reply_to, now=now, pending_timeout=pending_timeout, note=note,
+            order, workflow=chosen, reply_to=reply_to, now=now, pending_timeout=pending_timeout, note=note,
             trace_parent=trace_parent,
         )
     except OrderConflict:

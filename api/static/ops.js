@@ -199,6 +199,7 @@
     const note = $("#timeline-note");
     note.textContent = trace.note || "";
     note.hidden = !trace.note;
+    drawWaiting(doc);
 
     const rows = (doc.steps || []).filter((step) => !step.error).map((step) => {
       const l = s.lines[lineKey(step.step, step.kind)] || { attempts: new Set(), calls: 0, hosts: new Set() };
@@ -244,6 +245,41 @@
     }));
   }
 
+  // --- a waiting step: approve or reject (POST /api/orders/{id}/events/{name}) --------------
+
+  function drawWaiting(doc) {
+    const waiting = doc.waiting;
+    const box = $("#timeline-waiting");
+    box.hidden = !waiting;
+    box.dataset.orderId = doc.order_id;
+    if (!waiting) return;
+    box.dataset.event = waiting.event;
+    $("#waiting-text").textContent = `step ${waiting.step} waits for ${waiting.event} until ${new Date(waiting.until).toLocaleString()}`;
+    $("#waiting-actions").hidden = !me.can_operate;
+  }
+
+  async function decide(approved) {
+    const box = $("#timeline-waiting");
+    const orderId = box.dataset.orderId, event = box.dataset.event;
+    const buttons = [$("#approve"), $("#reject")];
+    buttons.forEach((b) => { b.disabled = true; });
+    const note = $("#waiting-note").value.trim();
+    const body = { approved, by: me.name || "operator", ...(note ? { note } : {}) };
+    try {
+      await api(`/orders/${encodeURIComponent(orderId)}/events/${encodeURIComponent(event)}`, {
+        method: "POST", headers: { Accept: "application/json", "Content-Type": "application/json" },
+        body: JSON.stringify(body),
+      });
+      $("#waiting-note").value = "";
+      problem("");
+      await openTimeline(orderId);
+    } catch (error) {
+      problem(`${approved ? "approve" : "reject"} ${orderId}: ${error.message}`);
+    } finally {
+      buttons.forEach((b) => { b.disabled = false; });
+    }
+  }
+
   // --- refresh -----------------------------------------------------------------------------
 
   // Other sections' scripts (ops-search.js) use these, and add loaders refreshed with the rest.
@@ -275,6 +311,8 @@
       const id = $("#order-input").value.trim();
       if (id) openTimeline(id);
     });
+    $("#approve").addEventListener("click", () => decide(true));
+    $("#reject").addEventListener("click", () => decide(false));
     $("#hours").addEventListener("change", () => { if (chart) { chart.destroy(); chart = null; } refresh(); });
     try {
       await loadMe();
