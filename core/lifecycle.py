@@ -393,6 +393,12 @@ class SupervisorPolicy:
     pending_timeout: timedelta
     backoff_base: timedelta
     backoff_cap: timedelta
+    #: How long after an attempt's Complete-By its answer may still be on its way back
+    #: (RESPONSE_GRACE_SECONDS): the agent stops at Complete-By, but its response can be held
+    #: up in the app's own plumbing (a queue backlog, a send retried while the namespace is
+    #: throttled, a delivery stranded on a dropped link until its lock expires). Only after it
+    #: is a missed deadline counted as the line's failure (docs/scale.md).
+    response_grace: timedelta = timedelta(0)
 
 
 @dataclass(frozen=True)
@@ -405,7 +411,8 @@ class Decision:
 
 
 def supervise(state: OrderState, now: datetime, policy: SupervisorPolicy) -> Decision:
-    """The supervisor's verdict on one row. Only expired rows are acted on.
+    """The supervisor's verdict on one row. Only expired rows are acted on: a Pending row
+    past its deadline, a Processing row past its deadline and the response grace.
 
     Generic: it knows deadlines and failure counts, never what a step does or how to
     undo it. Giving up hands the row back to the scheduler (Pending, ``gave_up``),
@@ -414,6 +421,11 @@ def supervise(state: OrderState, now: datetime, policy: SupervisorPolicy) -> Dec
     if state.process_state.terminal:
         return Decision(Verdict.DROP_INDEX)
     if state.complete_by > now:
+        return Decision(Verdict.NONE)
+    if state.process_state is ProcessState.PROCESSING and state.complete_by + policy.response_grace > now:
+        # Past Complete-By no agent acts for this attempt, but its answer, sent in time, may
+        # still be on the way back through the app's own queues: it is still accepted (the row
+        # keeps its attempt). Push-back in the plumbing costs time, not one of the line's attempts.
         return Decision(Verdict.NONE)
     if state.process_state is ProcessState.PENDING:
         # A Pending row past its deadline lost its nudge (or the scheduler crashed

@@ -25,6 +25,7 @@ def policy_from(settings: Settings) -> SupervisorPolicy:
         pending_timeout=settings.pending_timeout,
         backoff_base=timedelta(seconds=settings.retry_backoff_base_seconds),
         backoff_cap=timedelta(seconds=settings.retry_backoff_max_seconds),
+        response_grace=settings.response_grace,
     )
 
 
@@ -38,6 +39,7 @@ def liveness_timing(settings: Settings) -> liveness.Timing:
         backoff_base=timedelta(seconds=settings.retry_backoff_base_seconds),
         backoff_cap=timedelta(seconds=settings.retry_backoff_max_seconds),
         breaker_open=timedelta(seconds=settings.breaker_open_seconds),
+        response_grace=settings.response_grace,
     )
 
 

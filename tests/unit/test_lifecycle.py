@@ -1,5 +1,6 @@
 """The pure lifecycle decisions, one transition at a time (whole orders: test_workflow.py)."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -118,6 +119,20 @@ def test_expired_processing_at_threshold_is_handed_back_to_the_scheduler():
 def test_the_lines_own_failure_limit_wins_over_the_default():
     decision = lifecycle.supervise(processing(failures=0, max_failures=1), T0 + timedelta(seconds=31), POLICY)
     assert decision.verdict is Verdict.GIVE_UP
+
+
+def test_an_answer_is_awaited_for_the_response_grace_past_the_deadline():
+    """The agent stops at Complete-By; its answer may still be queued in the app's own
+    plumbing. Within the grace the row keeps its attempt (a response for it still counts);
+    after it the miss is counted as before. A Pending row gets no grace (its nudge was lost)."""
+    graced = replace(POLICY, response_grace=timedelta(seconds=15))
+    state = processing(failures=1)
+    assert lifecycle.supervise(state, T0 + timedelta(seconds=44), graced).verdict is Verdict.NONE
+    answered = lifecycle.complete(state, response(state), WF, "i1", T0 + timedelta(seconds=44), DEFAULTS)
+    assert answered is not None and answered.state.step == WF.steps[1].name
+    decision = lifecycle.supervise(state, T0 + timedelta(seconds=45), graced)
+    assert decision.verdict is Verdict.RETRY and decision.next_state.failure_count == 2
+    assert lifecycle.supervise(pending(), T0 + timedelta(seconds=21), graced).verdict is Verdict.RENUDGE
 
 
 def test_expired_pending_is_renudged_without_counting_a_failure():
