@@ -135,6 +135,25 @@ def test_an_answer_is_awaited_for_the_response_grace_past_the_deadline():
     assert lifecycle.supervise(pending(), T0 + timedelta(seconds=21), graced).verdict is Verdict.RENUDGE
 
 
+def test_an_answer_is_awaited_only_while_one_sent_in_time_can_still_be_on_the_queue():
+    """After the send slack, the supervisor judges as soon as the responses queue holds
+    nothing sent by then (every answer sent in time was recorded); a backlog older than
+    that keeps it waiting, an unknown one too, but never past the grace."""
+    graced = replace(POLICY, response_grace=timedelta(seconds=60), send_slack=timedelta(seconds=7))
+    state = processing()  # Complete-By T0 + 30 s
+    at = T0 + timedelta(seconds=40)
+    for backlog, awaited in [(at, False), (T0 + timedelta(seconds=38), False), (T0 + timedelta(seconds=37), True),
+                             (T0 + timedelta(seconds=12), True), (None, True)]:
+        assert lifecycle.awaiting_answer(state, at, graced, backlog) is awaited, backlog
+        assert lifecycle.supervise(state, at, graced, backlog).verdict is (Verdict.NONE if awaited else Verdict.RETRY)
+    # Within the send slack an answer may still be on its way out of the agent, queue empty or not.
+    assert lifecycle.awaiting_answer(state, T0 + timedelta(seconds=36), graced, T0 + timedelta(seconds=36))
+    # Never past the grace, whatever the queue holds.
+    assert not lifecycle.awaiting_answer(state, T0 + timedelta(seconds=90), graced, T0)
+    # No grace: judged at the deadline, as before.
+    assert not lifecycle.awaiting_answer(state, T0 + timedelta(seconds=30), POLICY, None)
+
+
 def test_expired_pending_is_renudged_without_counting_a_failure():
     decision = lifecycle.supervise(pending(), T0 + timedelta(seconds=21), POLICY)
     assert decision.verdict is Verdict.RENUDGE
