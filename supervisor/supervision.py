@@ -12,7 +12,7 @@ from core import lifecycle, liveness, names
 from adapters.closing import close_order
 from core.lifecycle import SupervisorPolicy, Verdict
 from adapters.messaging import Nudger, Publisher
-from core.models import Nudge, OrderState, Status, StatusEvent
+from core.models import Nudge, OrderState, ProcessState, Status, StatusEvent
 from adapters.settings import Settings
 from adapters.store import StateStore
 
@@ -65,7 +65,8 @@ def sweep(
     youngest = min(policy.step_timeout, policy.pending_timeout)
     backlog: list[datetime | None] = []
     for state in store.sweep(now, younger_than_cannot_expire=youngest):
-        if not backlog and responses_since is not None and lifecycle.awaiting_answer(state, now, policy, None):
+        in_grace = state.process_state is ProcessState.PROCESSING and lifecycle.awaiting_answer(state, now, policy)
+        if in_grace and not backlog and responses_since is not None:
             backlog.append(responses_since())
         decision = lifecycle.supervise(state, now, policy, backlog[0] if backlog else None)
         if decision.verdict is Verdict.NONE:
