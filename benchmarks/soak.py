@@ -53,6 +53,8 @@ from rich.console import Console
 
 from adapters.store import StateStore
 from benchmarks.machine import describe
+from benchmarks.misses import ANSWERED_IN_TIME_RECORDED_LATE
+from benchmarks.misses import classify as classify_misses
 from benchmarks.report import SOAK_BEGIN, SOAK_END, write_soak_section
 from core import names
 from core.models import OrderState, ProcessState
@@ -166,6 +168,13 @@ class Verdict:
     recognised: dict[str, int] = field(default_factory=dict)
     #: Service Bus faults the emulator injected, by kind (--servicebus-faults; empty without).
     servicebus_faults: dict[str, int] = field(default_factory=dict)
+    #: The machine's 1-minute load average when the orders were sent and when all were final
+    #: (the development machine is shared: its load moves the throughput more than the faults).
+    load_average: dict[str, float] = field(default_factory=dict)
+    #: Missed deadlines the supervisor counted, by verdict (retry, give_up) and cause, from the
+    #: hosts' spans (benchmarks/misses.py): one answered in time but recorded late is the app's
+    #: own plumbing, not the remote's failure.
+    misses: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def pushback(self) -> bool:
@@ -290,8 +299,12 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
     started = time.monotonic()
     phases: dict[str, float] = {}
 
+    load: dict[str, float] = {}
+
     def phase(name: str) -> None:
         phases[name] = round(time.monotonic() - started, 1)
+        if name in ("stack up", "all final"):
+            load[name] = round(os.getloadavg()[0], 1)
 
     with stack.start(hosts=2):
         phase("stack up")
@@ -359,11 +372,13 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
         verdict.breaker_opened, verdict.postponed = breaker_figures(stack.host_logs)
         verdict.recognised = recognised_writes(stack.host_logs)
         verdict.servicebus_faults = stack.servicebus_fault_counts()
+        verdict.misses = classify_misses(out / "logs", float(settings["STEP_TIMEOUT_SECONDS"]))
         if operator and not verdict.not_terminal:
             errors = [o for o, s in states.items() if s.process_state is ProcessState.ERROR]
             operator_phase(stack, store, verdict, errors)
             phase("operator done")
         verdict.phases = phases
+        verdict.load_average = load
         verdict.storage_faults = storage_faults.to_arg() if storage_faults is not None else None
         verdict.fault_counts = stack.storage_fault_counts()
     phase("stopped")
@@ -578,6 +593,8 @@ def verdict_json(v: Verdict) -> dict:
         "orders_per_second": v.orders_per_second,
         "elapsed_s": v.elapsed_s,
         "phases": v.phases,
+        "load_average": v.load_average,
+        "missed_deadlines": v.misses,
         "storage_faults": v.storage_faults,
         "storage_requests": v.fault_counts.get("requests", {}),
         "recognised": v.recognised,
@@ -636,6 +653,11 @@ def verdict_markdown(v: Verdict, *, seed: int, machine: dict[str, str], baseline
         ("circuit breaker openings (per service, per host) / lines postponed meanwhile",
          f"{sum(v.breaker_opened.values())} / {v.postponed}",
          ", ".join(f"{service} {n}" for service, n in sorted(v.breaker_opened.items())) or ""),
+        ("missed deadlines counted: resets / give-ups (of them answered in time, recorded late)",
+         " / ".join(f"{sum(v.misses.get(k, {}).values())}" for k in ("retry", "give_up"))
+         + " (" + " / ".join(str(v.misses.get(k, {}).get(ANSWERED_IN_TIME_RECORDED_LATE, 0))
+                             for k in ("retry", "give_up")) + ")",
+         "the app's own plumbing, not the remote (benchmarks/misses.py)"),
         ("messages left in queues (alerts aside; the scheduler's poison queue included)",
          sum(n for q, n in v.leftover.items() if q != names.ALERTS_QUEUE), "must be 0"),
         ("dead-lettered", dead or 0, "must be 0"),
@@ -673,7 +695,10 @@ def verdict_markdown(v: Verdict, *, seed: int, machine: dict[str, str], baseline
         "",
         f"`make soak` (`python -m benchmarks.soak --orders {v.orders} --seed {seed}"
         f"{' --azure-faults' if v.pushback else ''}`), {machine['date']}, "
-        f"{machine['cores']} cores ({machine['cpu']}), Python {machine['python']}: the three-step workflow "
+        f"{machine['cores']} cores ({machine['cpu']}), Python {machine['python']}"
+        + (f", load average {v.load_average.get('stack up')} when the orders were sent and "
+           f"{v.load_average.get('all final')} when all were final (the machine is shared)" if v.load_average else "")
+        + ": the three-step workflow "
         f"(reserve@inventory, charge@payments, ship@shipping) on two local hosts (two supervisors), "
         f"host 1 {killed}; remote faults per call: {faults} (transient, throttle and drop are retried; slow answers "
         f"after the step's deadline, a lost response; permanent refusals hit actions and compensations alike); "
