@@ -158,6 +158,13 @@ def queue_client(settings: Settings, queue_name: str):
 SERVICEBUS_RETRY = {"retry_total": 3, "retry_backoff_factor": 0.5, "retry_backoff_max": 4, "retry_mode": "exponential"}
 
 
+def servicebus_retry_seconds() -> float:
+    """How long :data:`SERVICEBUS_RETRY` waits in all before a send gives up (1 + 2 + 4 s):
+    how late after its deadline an agent's answer may still be sent (core.lifecycle's send slack)."""
+    r = SERVICEBUS_RETRY
+    return sum(min(r["retry_backoff_max"], r["retry_backoff_factor"] * 2 ** n) for n in range(1, r["retry_total"] + 1))
+
+
 def async_servicebus_client(settings: Settings):
     """A Service Bus client for ``async`` functions (created on the running event loop)."""
     from azure.servicebus.aio import ServiceBusClient

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
@@ -148,6 +148,22 @@ class Publisher:
             return False
         self._broken.pop(queue, None)
         return True
+
+    def oldest_enqueued(self, queue: str) -> datetime | None:
+        """When the oldest message still on ``queue`` was enqueued (locked ones included: a
+        peek sees them), the current time if the queue is empty, None if it cannot be told
+        (the supervisor then awaits answers for the whole response grace). One peek: one
+        Service Bus operation, billed as one message received."""
+        try:
+            with self.client.get_queue_receiver(queue) as receiver:
+                head = receiver.peek_messages(max_message_count=1, sequence_number=0)
+        except Exception as error:  # noqa: BLE001 - unknown is a safe answer: the supervisor waits longer
+            log.warning("could not peek %s for its oldest message: %s", queue, error)
+            return None
+        self.ops["peek"] += 1
+        if not head:
+            return datetime.now(UTC)
+        return head[0].enqueued_time_utc
 
     def close(self) -> None:
         with self._guard:

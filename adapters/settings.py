@@ -108,6 +108,11 @@ class Settings(BaseSettings):
     #: How long a Pending row may wait for the scheduler before the supervisor
     #: nudges it again (a lost nudge); no failure is counted for it.
     pending_timeout_seconds: PositiveSeconds = _setting("PENDING_TIMEOUT_SECONDS", 30.0)
+    #: How long past an attempt's deadline the supervisor still awaits its answer before it
+    #: counts the attempt as failed: the agent never acts past the deadline, but its response
+    #: may be held up in the app's own queues under Azure's push-back (docs/scale.md, "The
+    #: soak under push-back"). 0: judged at the deadline.
+    response_grace_seconds: float = _setting("RESPONSE_GRACE_SECONDS", 0.0, ge=0, le=3600)
     #: Failures (expired attempts) after which an order goes to Error + alert.
     max_failures: int = _setting("MAX_FAILURES", 3, ge=1, le=100)
     #: The supervisor's retry nudge waits base * 2**(failures-1), capped.
@@ -221,6 +226,10 @@ class Settings(BaseSettings):
     @property
     def pending_timeout(self) -> timedelta:
         return timedelta(seconds=self.pending_timeout_seconds)
+
+    @property
+    def response_grace(self) -> timedelta:
+        return timedelta(seconds=self.response_grace_seconds)
 
     @model_validator(mode="after")
     def _connections_present(self) -> Settings:

@@ -77,6 +77,11 @@ INDEX_READERS = 16
 #: a dropped connection) and the SDK's retry then meets the write itself (412, 409), the
 #: store reads the row back: its own WriteId there means the write is done (docs/scale.md).
 WRITE_ID = "WriteId"
+#: Tries of one transition whose answer was lost (no answer, or a 5xx after the SDK's
+#: retries) and which the row shows was not applied: the azure-core retry policy does not
+#: send a PATCH or a POST again after a dropped connection (only the methods it deems
+#: idempotent), so the store does, once it has read that the write is not there.
+WRITE_ATTEMPTS = 3
 #: The agents' circuit breakers as they were published: one row per (remote service, host
 #: instance), written only when that breaker changes state (``ordersctl breakers``).
 BREAKERS_PARTITION = "_breakers"
@@ -104,6 +109,14 @@ class OrderConflict(StoreError):
         self.order_id = order_id
         self.existing = existing
         self.submitted = submitted
+
+
+class _NotApplied(Exception):
+    """A write that got no answer and is not on the row: safe to send again."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class ConcurrencyConflict(StoreError):
@@ -411,10 +424,26 @@ class StateStore:
         fails whole if the state row moved. Raises :class:`ConcurrencyConflict` if
         someone else moved the row. A write Azure applied but reported failed (its retry
         answered 412, or no answer at all) is recognised by its :data:`WRITE_ID` on the
-        row and returned as written.
+        row and returned as written; one with no answer that the row shows was not applied
+        is sent again, up to :data:`WRITE_ATTEMPTS` tries in all.
         """
         if current.etag is None:
             raise ValueError("a transition needs the ETag the state was read with")
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            try:
+                return self._write_once(current, new, lines, consume)
+            except _NotApplied as unapplied:
+                if attempt == WRITE_ATTEMPTS:
+                    raise unapplied.error from None
+                log.info("order %s: a write with no answer was not applied (the row is unchanged): sent again (%s)",
+                         new.order_id, type(unapplied.error).__name__)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    def _write_once(
+        self, current: OrderState, new: OrderState, lines: Sequence[LineRecord], consume: str | None
+    ) -> OrderState:
+        """One try of :meth:`write`, with a write id of its own; raises :class:`_NotApplied`
+        when it got no answer (or a 5xx) and the row shows it was not applied."""
         before, after = state_to_entity(current), state_to_entity(new)
         changes = {key: value for key, value in after.items() if before.get(key) != value}
         write_id = _new_write_id()
@@ -453,6 +482,10 @@ class StateStore:
                     return new.model_copy(update={"etag": etag})
                 # Not ours: if the row moved on, this If-Match write can never apply.
                 moved = moved or (etag is not None and etag != current.etag)
+                if not moved and etag is not None:
+                    # The row is as it was read and holds no write of ours: this one was not
+                    # applied, and sending it again (If-Match still guards it) is safe.
+                    raise _NotApplied(error) from error
             if moved:
                 raise ConcurrencyConflict(f"order {new.order_id!r} changed since it was read") from error
             raise

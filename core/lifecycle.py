@@ -493,6 +493,16 @@ class SupervisorPolicy:
     pending_timeout: timedelta
     backoff_base: timedelta
     backoff_cap: timedelta
+    #: How long after an attempt's Complete-By its answer may still be on its way back, at
+    #: most (RESPONSE_GRACE_SECONDS): the agent stops at Complete-By, but its response can be
+    #: held up in the app's own plumbing (a backlog on the responses queue, a send retried
+    #: while the namespace is throttled, a delivery stranded on a dropped link until its lock
+    #: expires). A missed deadline is counted as the line's failure only after it, or earlier
+    #: once no answer sent in time can still be on the way (:func:`awaiting_answer`).
+    response_grace: timedelta = timedelta(0)
+    #: How long an agent's send of its answer may take after Complete-By (its Service Bus
+    #: client's retries of a throttled or dropped send).
+    send_slack: timedelta = timedelta(0)
 
 
 @dataclass(frozen=True)
@@ -504,8 +514,29 @@ class Decision:
     nudge_delay: timedelta = timedelta(0)
 
 
-def supervise(state: OrderState, now: datetime, policy: SupervisorPolicy) -> Decision:
-    """The supervisor's verdict on one row. Only expired rows are acted on.
+def awaiting_answer(
+    state: OrderState, now: datetime, policy: SupervisorPolicy, responses_since: datetime | None = None
+) -> bool:
+    """Is the answer of a Processing row's attempt, past its Complete-By, still awaited?
+
+    Until the send slack has passed an answer may still be being sent; after it, only while
+    the responses queue holds a message sent by then (``responses_since``: when the oldest
+    message still on it was enqueued, ``now`` when it is empty, None when unknown: then until
+    the grace ends); never past the grace. The queue's oldest message is one no scheduler
+    has settled yet (peeking sees locked ones too), so once it is younger, every answer sent
+    by then has been recorded, or dropped as stale: none is coming for this attempt.
+    """
+    if now >= state.complete_by + policy.response_grace:
+        return False
+    sent_by = state.complete_by + min(policy.send_slack, policy.response_grace)
+    return now < sent_by or responses_since is None or responses_since <= sent_by
+
+
+def supervise(
+    state: OrderState, now: datetime, policy: SupervisorPolicy, responses_since: datetime | None = None
+) -> Decision:
+    """The supervisor's verdict on one row. Only expired rows are acted on: a Pending row
+    past its deadline, a Processing row past its deadline and the response grace.
 
     Generic: it knows deadlines and failure counts, never what a step does or how to
     undo it. Giving up hands the row back to the scheduler (Pending, ``gave_up``),
@@ -514,6 +545,11 @@ def supervise(state: OrderState, now: datetime, policy: SupervisorPolicy) -> Dec
     if state.process_state.terminal:
         return Decision(Verdict.DROP_INDEX)
     if state.complete_by > now:
+        return Decision(Verdict.NONE)
+    if state.process_state is ProcessState.PROCESSING and awaiting_answer(state, now, policy, responses_since):
+        # Past Complete-By no agent acts for this attempt, but its answer, sent in time, may
+        # still be on the way back through the app's own queues: it is still accepted (the row
+        # keeps its attempt). Push-back in the plumbing costs time, not one of the line's attempts.
         return Decision(Verdict.NONE)
     if state.process_state is ProcessState.PENDING:
         # A Pending row past its deadline lost its nudge (or the scheduler crashed

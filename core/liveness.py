@@ -10,8 +10,9 @@ One **line** (a step's action, or its compensation) with timeout ``T`` and
 ``F`` = max failures, under a supervisor that ticks every ``S`` with pending timeout
 ``P`` and retry backoff ``b(i) = min(cap, base * 2**(i-1))``:
 
-- an attempt claimed at ``t`` is answered, or its deadline passes, by ``t + T``; the
-  supervisor sees the missed deadline within ``S``;
+- an attempt claimed at ``t`` is answered, or its deadline passes, by ``t + T``; its
+  answer is awaited for the response grace ``G`` after that (RESPONSE_GRACE_SECONDS: it may
+  be held up in the app's own queues), and the supervisor sees the miss within ``S``;
 - after failure ``i < F`` the line is nudged again after ``b(i)``; had that nudge been
   lost, the supervisor nudges again once ``P`` has passed on top, within ``S``;
 - after failure ``F`` the line is handed back to the scheduler at once (give-up), with
@@ -19,7 +20,7 @@ One **line** (a step's action, or its compensation) with timeout ``T`` and
 
 So a line ends (done, refused, or given up) within::
 
-    L = F * (T + 2S + P) + sum(b(i) for i in 1 .. F-1)
+    L = F * (T + G + 2S + P) + sum(b(i) for i in 1 .. F-1)
 
 From the first failure of any line, the order is terminal within the sum of ``L`` over
 the lines that may still run: the current one, the actions after it, and the undos of
@@ -63,6 +64,8 @@ class Timing:
     #: BREAKER_OPEN_SECONDS and the jitter fraction a postponed line's wait carries.
     breaker_open: timedelta = timedelta(seconds=30)
     breaker_jitter: float = 0.25
+    #: RESPONSE_GRACE_SECONDS: how long past an attempt's deadline its answer is awaited.
+    response_grace: timedelta = timedelta(0)
 
 
 def line_bound(policy: StepPolicy, timing: Timing) -> timedelta:
@@ -71,7 +74,10 @@ def line_bound(policy: StepPolicy, timing: Timing) -> timedelta:
     if policy.timeout_seconds is None or policy.max_failures is None:
         raise ValueError("line_bound needs a resolved policy: StepPolicy.over(defaults)")
     failures = policy.max_failures
-    attempt = timedelta(seconds=policy.timeout_seconds) + 2 * timing.supervisor_interval + timing.pending_timeout
+    attempt = (
+        timedelta(seconds=policy.timeout_seconds) + timing.response_grace + 2 * timing.supervisor_interval
+        + timing.pending_timeout
+    )
     waits = sum((backoff(i, timing.backoff_base, timing.backoff_cap) for i in range(1, failures)), timedelta(0))
     return failures * attempt + waits
 

@@ -28,4 +28,5 @@ def supervise(timer: func.TimerRequest) -> None:
         policy=policy_from(s.settings),
         now=utcnow(),
         alerts_queue=s.settings.alerts_queue,
+        responses_since=lambda: s.publisher.oldest_enqueued(s.settings.agent_responses_queue),
     )

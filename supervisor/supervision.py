@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from adapters import search, telemetry
+from adapters import clients, search, telemetry
 from core import lifecycle, liveness, names
 from adapters.closing import close_order
 from core.lifecycle import SupervisorPolicy, Verdict
 from adapters.messaging import Nudger, Publisher
-from core.models import Nudge, OrderState, Status, StatusEvent
+from core.models import Nudge, OrderState, ProcessState, Status, StatusEvent
 from adapters.settings import Settings
 from adapters.store import StateStore
 
@@ -25,6 +26,8 @@ def policy_from(settings: Settings) -> SupervisorPolicy:
         pending_timeout=settings.pending_timeout,
         backoff_base=timedelta(seconds=settings.retry_backoff_base_seconds),
         backoff_cap=timedelta(seconds=settings.retry_backoff_max_seconds),
+        response_grace=settings.response_grace,
+        send_slack=timedelta(seconds=clients.servicebus_retry_seconds()),
     )
 
 
@@ -38,6 +41,7 @@ def liveness_timing(settings: Settings) -> liveness.Timing:
         backoff_base=timedelta(seconds=settings.retry_backoff_base_seconds),
         backoff_cap=timedelta(seconds=settings.retry_backoff_max_seconds),
         breaker_open=timedelta(seconds=settings.breaker_open_seconds),
+        response_grace=settings.response_grace,
     )
 
 
@@ -49,13 +53,22 @@ def sweep(
     policy: SupervisorPolicy,
     now: datetime,
     alerts_queue: str,
+    responses_since: Callable[[], datetime | None] | None = None,
 ) -> Counter[str]:
-    """Act on every expired in-flight order once. Returns what was done, by verdict."""
+    """Act on every expired in-flight order once. Returns what was done, by verdict.
+
+    ``responses_since``: when the oldest message still on the responses queue was enqueued
+    (``now`` if none; None if unknown), asked at most once a sweep, and only when an
+    attempt's answer may still be on its way (``lifecycle.awaiting_answer``)."""
     done: Counter[str] = Counter()
     # An order indexed less than this long ago cannot have passed any deadline yet.
     youngest = min(policy.step_timeout, policy.pending_timeout)
+    backlog: list[datetime | None] = []
     for state in store.sweep(now, younger_than_cannot_expire=youngest):
-        decision = lifecycle.supervise(state, now, policy)
+        in_grace = state.process_state is ProcessState.PROCESSING and lifecycle.awaiting_answer(state, now, policy)
+        if in_grace and not backlog and responses_since is not None:
+            backlog.append(responses_since())
+        decision = lifecycle.supervise(state, now, policy, backlog[0] if backlog else None)
         if decision.verdict is Verdict.NONE:
             continue
         if decision.verdict is Verdict.DROP_INDEX:

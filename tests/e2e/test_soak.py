@@ -64,6 +64,8 @@ def test_short_chaos_soak_under_azure_storage_push_back(tmp_path, report_figure)
         "orders": 40, "not_terminal": 0, "lost": 0, "applied_twice": 0, "late_calls": 0,
     }
     assert figures["alerts"] == figures["error_orders"] == verdict.errors  # an alert for each real Error only
+    # ...and the only Error orders are the scripted ones (each in Error: verdict.ok): push-back costs time, not outcomes.
+    assert verdict.errors == len(verdict.scripted), (verdict.errors, verdict.scripted)
     # Every kind of push-back was injected, at both services, and survived.
     assert all(figures["faults"][kind] > 0 for kind in ("503", "500-applied", "reset-applied", "latency")), figures
     assert set(figures["faults_by_service"]) == {"table", "queue"}

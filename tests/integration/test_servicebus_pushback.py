@@ -63,3 +63,24 @@ def test_a_request_send_refused_for_good_after_the_claim_leaves_a_row_the_superv
     assert sent.message_id == "o-sb-1:reserve:2"
     assert record(answer(request), now=now + timedelta(seconds=301)).step == "charge"
     assert record(answer(request), now=now + timedelta(seconds=302)) is None, "a response twice changes nothing"
+
+
+def test_the_supervisor_sees_when_the_oldest_response_still_queued_was_sent(app_settings, servicebus_emulator):
+    """What the supervisor peeks before counting a missed deadline (core.lifecycle.awaiting_answer):
+    the enqueued time of the oldest message on the responses queue, a locked one included (its
+    handler may be recording it), and the current time once the queue is empty."""
+    publisher, queue = services().publisher, app_settings["AGENT_RESPONSES_QUEUE"]
+    before = utcnow()
+    assert publisher.oldest_enqueued(queue) >= before - timedelta(seconds=1)  # empty: nothing older than now
+    with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
+        with client.get_queue_sender(queue) as sender:
+            sender.send_messages([ServiceBusMessage("first"), ServiceBusMessage("second")])
+        with client.get_queue_receiver(queue) as receiver:
+            (first,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)  # locked, not settled
+            assert str(first) == "first"
+            assert publisher.oldest_enqueued(queue) == first.enqueued_time_utc
+            receiver.complete_message(first)
+            (second,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            assert publisher.oldest_enqueued(queue) == second.enqueued_time_utc
+            receiver.complete_message(second)
+    assert publisher.oldest_enqueued(queue) >= first.enqueued_time_utc

@@ -5,16 +5,20 @@ in-memory table are in tests/unit/test_ambiguous_writes.py."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from adapters import wiring
 from adapters.wiring import services
-from core.models import AgentRequest, LineState, Nudge, ProcessState
+from core import lifecycle
+from core.models import AgentRequest, LineState, Nudge, ProcessState, utcnow
 from core.workflow import Kind
 from devtools.orders import order_json
 from tests.integration.test_dispatch_and_supervise import answer, record, schedule
 from tests.integration.test_submission import submit as submit_message
 from tests.servicebus_helpers import bodies, receive
+from supervisor.supervision import resubmit
 from tools.storage_faults import proxied, start_in_thread, upstreams_of
 
 
@@ -120,3 +124,21 @@ def test_the_services_start_when_ensuring_a_table_gets_no_answer(app_settings, s
     assert storage_proxy.counts()["faults"]["reset-applied"] == 1
     submit("o-7")
     assert built.store.get("o-7").process_state is ProcessState.PENDING
+
+
+@pytest.mark.parametrize("fault", ["reset", "reset-applied"])
+def test_an_operators_resubmit_survives_a_dropped_connection(app_settings, storage_proxy, fault):
+    """ordersctl resubmit: its transition is a PATCH, which azure-core does not send again
+    after a dropped connection. Applied or not, the store reads the row: its own write id
+    there is the write done; the row as it was means not applied, and it is sent again
+    (the operator's resubmit failed on this in a push-back soak, RemoteDisconnected)."""
+    submit("o-8")
+    store = services().store
+    state = store.get("o-8")
+    store.write(state, lifecycle.fail(state, "stopped for the test", state.updated_at))
+    storage_proxy.inject(fault, service="table", method="PATCH")
+    written = resubmit("o-8", store=store, nudger=services().nudger, now=utcnow(), pending_timeout=timedelta(seconds=30))
+    assert written.process_state is ProcessState.PENDING and store.get("o-8").etag == written.etag
+    assert storage_proxy.counts()["faults"][fault] == 1
+    assert store.recognised == ({"write": 1} if fault == "reset-applied" else {})
+

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from azure.core.exceptions import ServiceResponseError
 
-from adapters.store import WRITE_ID, ConcurrencyConflict, OrderConflict, RejectionStore
+from adapters.store import WRITE_ATTEMPTS, WRITE_ID, ConcurrencyConflict, OrderConflict, RejectionStore
 from core import workflow as workflows
 from core.models import LineState, Nudge, OrderRequest, ProcessState, Status
 from core.workflow import Kind
@@ -66,7 +66,19 @@ class _DroppedBeforeApplied(MemoryTable):
         raise ServiceResponseError("Connection aborted")
 
 
-def test_an_ambiguous_write_that_was_not_applied_raises_for_the_message_to_be_retried():
+class _DroppedOnceBeforeApplied(MemoryTable):
+    """The first update's connection drops before it reaches the table; the next ones pass."""
+
+    dropped = 0
+
+    def update_entity(self, *args, **kwargs):
+        if not type(self).dropped:
+            type(self).dropped += 1
+            raise ServiceResponseError("Connection aborted: Remote end closed connection without response")
+        return super().update_entity(*args, **kwargs)
+
+
+def test_an_ambiguous_write_that_is_never_applied_raises_after_its_tries_for_the_message_to_be_retried():
     w = World()
     w.submit()
     w.table.__class__ = _DroppedBeforeApplied
@@ -74,6 +86,21 @@ def test_an_ambiguous_write_that_was_not_applied_raises_for_the_message_to_be_re
     with pytest.raises(ServiceResponseError):
         w.store.write(state, state.model_copy(update={"note": "mine"}))
     assert w.store.get("o-1") == state and w.store.recognised == {}
+    assert w.store.ops["update"] == WRITE_ATTEMPTS
+
+
+def test_an_unanswered_write_the_row_shows_unapplied_is_sent_again_and_applied_once():
+    """azure-core does not retry a PATCH or POST after a dropped connection (only the methods
+    it deems idempotent): the store reads the row, finds it as it was, and sends the write
+    again under If-Match (the operator's resubmit failed on this in a push-back soak)."""
+    w = World()
+    w.submit()
+    w.table.__class__ = _DroppedOnceBeforeApplied
+    state = w.state()
+    written = w.store.write(state, state.model_copy(update={"note": "mine"}))
+    assert _DroppedOnceBeforeApplied.dropped == 1 and w.store.ops["update"] == 2
+    assert w.store.get("o-1").note == "mine" and w.store.get("o-1").etag == written.etag
+    assert w.store.recognised == {}
 
 
 def test_every_state_row_write_carries_a_new_write_id():

@@ -1,5 +1,6 @@
 """The pure lifecycle decisions, one transition at a time (whole orders: test_workflow.py)."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -118,6 +119,39 @@ def test_expired_processing_at_threshold_is_handed_back_to_the_scheduler():
 def test_the_lines_own_failure_limit_wins_over_the_default():
     decision = lifecycle.supervise(processing(failures=0, max_failures=1), T0 + timedelta(seconds=31), POLICY)
     assert decision.verdict is Verdict.GIVE_UP
+
+
+def test_an_answer_is_awaited_for_the_response_grace_past_the_deadline():
+    """The agent stops at Complete-By; its answer may still be queued in the app's own
+    plumbing. Within the grace the row keeps its attempt (a response for it still counts);
+    after it the miss is counted as before. A Pending row gets no grace (its nudge was lost)."""
+    graced = replace(POLICY, response_grace=timedelta(seconds=15))
+    state = processing(failures=1)
+    assert lifecycle.supervise(state, T0 + timedelta(seconds=44), graced).verdict is Verdict.NONE
+    answered = lifecycle.complete(state, response(state), WF, "i1", T0 + timedelta(seconds=44), DEFAULTS)
+    assert answered is not None and answered.state.step == WF.steps[1].name
+    decision = lifecycle.supervise(state, T0 + timedelta(seconds=45), graced)
+    assert decision.verdict is Verdict.RETRY and decision.next_state.failure_count == 2
+    assert lifecycle.supervise(pending(), T0 + timedelta(seconds=21), graced).verdict is Verdict.RENUDGE
+
+
+def test_an_answer_is_awaited_only_while_one_sent_in_time_can_still_be_on_the_queue():
+    """After the send slack, the supervisor judges as soon as the responses queue holds
+    nothing sent by then (every answer sent in time was recorded); a backlog older than
+    that keeps it waiting, an unknown one too, but never past the grace."""
+    graced = replace(POLICY, response_grace=timedelta(seconds=60), send_slack=timedelta(seconds=7))
+    state = processing()  # Complete-By T0 + 30 s
+    at = T0 + timedelta(seconds=40)
+    for backlog, awaited in [(at, False), (T0 + timedelta(seconds=38), False), (T0 + timedelta(seconds=37), True),
+                             (T0 + timedelta(seconds=12), True), (None, True)]:
+        assert lifecycle.awaiting_answer(state, at, graced, backlog) is awaited, backlog
+        assert lifecycle.supervise(state, at, graced, backlog).verdict is (Verdict.NONE if awaited else Verdict.RETRY)
+    # Within the send slack an answer may still be on its way out of the agent, queue empty or not.
+    assert lifecycle.awaiting_answer(state, T0 + timedelta(seconds=36), graced, T0 + timedelta(seconds=36))
+    # Never past the grace, whatever the queue holds.
+    assert not lifecycle.awaiting_answer(state, T0 + timedelta(seconds=90), graced, T0)
+    # No grace: judged at the deadline, as before.
+    assert not lifecycle.awaiting_answer(state, T0 + timedelta(seconds=30), POLICY, None)
 
 
 def test_expired_pending_is_renudged_without_counting_a_failure():

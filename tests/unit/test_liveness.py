@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -21,6 +22,11 @@ DEFAULTS = StepPolicy(timeout_seconds=4, max_failures=3, agent_max_calls=2, agen
 def test_line_bound_is_attempts_plus_backoffs():
     # 3 attempts of (T 4 + 2S 4 + P 5) = 39, backoffs after failures 1 and 2: 1 + 2.
     assert liveness.line_bound(DEFAULTS, TIMING) == 42 * S
+
+
+def test_the_response_grace_adds_to_every_attempt():
+    # Each of the 3 attempts also waits G = 6 s past its deadline for its answer: 42 + 18.
+    assert liveness.line_bound(DEFAULTS, replace(TIMING, response_grace=6 * S)) == 60 * S
 
 
 def test_line_bound_needs_a_resolved_policy():

@@ -81,10 +81,14 @@ MAX_POSTPONEMENTS = 2
 TIMING = Timing(
     supervisor_interval=timedelta(seconds=10), pending_timeout=PENDING, backoff_base=timedelta(seconds=2),
     backoff_cap=timedelta(seconds=60), breaker_open=timedelta(seconds=30), breaker_jitter=0.25,
+    # A response awaited 10 s past its attempt's deadline (RESPONSE_GRACE_SECONDS): the
+    # model's delayed responses land inside and after it, and the bound includes it.
+    response_grace=timedelta(seconds=10),
 )
 POLICY = SupervisorPolicy(
     max_failures=DEFAULTS.max_failures, step_timeout=timedelta(seconds=DEFAULTS.timeout_seconds),
     pending_timeout=PENDING, backoff_base=TIMING.backoff_base, backoff_cap=TIMING.backoff_cap,
+    response_grace=TIMING.response_grace, send_slack=timedelta(seconds=3),
 )
 SCHEDULERS = ("scheduler-1", "scheduler-2")
 SUPERVISORS = ("supervisor-1", "supervisor-2")
@@ -700,8 +704,14 @@ class ProtocolModel(RuleBasedStateMachine):
 
     def _sweep(self, store: StateStore, now: datetime):
         return supervision.sweep(
-            store=store, publisher=self.publisher, nudger=self.nudger, policy=POLICY, now=now, alerts_queue=ALERTS
+            store=store, publisher=self.publisher, nudger=self.nudger, policy=POLICY, now=now, alerts_queue=ALERTS,
+            responses_since=self.responses_since,
         )
+
+    def responses_since(self) -> datetime:
+        """When the oldest response still on the network was sent (now if none), as the
+        supervisor peeks the responses queue for it."""
+        return min((m.visible_at for m in self.net.live() if m.kind is Channel.RESPONSE), default=self.now)
 
     @rule(by=st.sampled_from(("1 s", "10 s", "31 s", "300 s", "next nudge", "past next deadline")))
     def tick(self, by):

@@ -8,6 +8,7 @@ Agents are played by the test: it answers each agent request the scheduler sends
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -620,3 +621,30 @@ def test_every_transaction_of_the_longest_definition_fits_in_one_entity_group_tr
     imported = OrderRequest.model_validate(order_dict("o-2", lines=1))
     w.store.import_order(imported, record.state.model_copy(update={"order_id": "o-2"}), record.lines)
     assert w.table.transactions[-1] == 2 + len(record.lines) <= 100
+
+
+def test_a_late_answer_still_recorded_and_the_sweep_peeks_only_for_rows_in_their_grace():
+    """An agent answered before Complete-By; its response reaches the scheduler after it, held
+    up on the responses queue. The supervisor waits while the queue holds a message sent by
+    then (one peek a sweep, only with a row in its grace), so the answer counts: no failure."""
+    graced = replace(POLICY, response_grace=timedelta(seconds=60), send_slack=timedelta(seconds=5))
+    w = World()
+    w.submit()
+    sent_at = w.now
+    peeks: list[datetime] = []
+
+    def sweep(backlog_since: datetime) -> dict:
+        def responses_since() -> datetime:
+            peeks.append(w.now)
+            return backlog_since
+
+        return supervision.sweep(store=w.store, publisher=w.publisher, nudger=w.nudger, policy=graced, now=w.now,
+                                 alerts_queue="alerts", responses_since=responses_since)
+
+    assert not sweep(sent_at) and not peeks, "peeked with no row past its deadline"
+    w.now = w.state().complete_by + timedelta(seconds=20)
+    assert not sweep(sent_at) and len(peeks) == 1  # the answer may still be queued: wait
+    w.answer()  # recorded 21 s late: the line is done, the next one claimed
+    assert w.state().step == "charge" and w.state().failure_count == 0
+    w.now = w.state().complete_by + timedelta(seconds=6)
+    assert sweep(w.now) == {"retry": 1} and len(peeks) == 2  # nothing queued from before: the miss counts

@@ -30,6 +30,10 @@ from datetime import datetime, timezone
 #: The fault kinds, as the command line and the counts name them.
 BUSY, APPLIED_500, RESET_APPLIED, LATENCY = "503", "500-applied", "reset-applied", "latency"
 KINDS = (BUSY, APPLIED_500, RESET_APPLIED, LATENCY)
+#: A fault only a test injects (``FaultProxy.inject``), never drawn at a rate: the connection
+#: dropped before the request is forwarded, so nothing applied and no answer: what the SDK sees
+#: of a front end that resets a connection under load, as for ``reset-applied``.
+RESET = "reset"
 
 BUSY_MESSAGE = "The server is currently unable to receive requests. Please retry your request."
 TIMED_OUT_MESSAGE = "The operation could not be completed within the permitted time."

@@ -24,7 +24,10 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from .faults import APPLIED_500, BUSY, BUSY_MESSAGE, LATENCY, RESET_APPLIED, TIMED_OUT_MESSAGE, StorageFaults, error_response
+from .faults import (
+    APPLIED_500, BUSY, BUSY_MESSAGE, KINDS, LATENCY, RESET, RESET_APPLIED, TIMED_OUT_MESSAGE, StorageFaults,
+    error_response,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,8 @@ class Counts:
             by_kind.update(per_service)
         return {
             "requests": dict(self.requests),
-            "faults": {kind: by_kind.get(kind, 0) for kind in (BUSY, APPLIED_500, RESET_APPLIED, LATENCY)},
+            "faults": {kind: by_kind.get(kind, 0) for kind in KINDS}
+            | ({RESET: by_kind[RESET]} if by_kind.get(RESET) else {}),
             "faults_by_service": {service: dict(c) for service, c in self.faults.items()},
             "upstream_errors": by_kind.get(UPSTREAM_ERROR, 0),
         }
@@ -100,7 +104,7 @@ class FaultProxy:
 
     def inject(self, kind: str, *, service: str | None = None, method: str | None = None, times: int = 1) -> None:
         """Give the next ``times`` requests to ``service`` with ``method`` (any when None) the fault ``kind``."""
-        if kind not in (BUSY, APPLIED_500, RESET_APPLIED, LATENCY):
+        if kind not in (*KINDS, RESET):
             raise ValueError(f"unknown fault kind {kind!r}")
         self._script += [(service, method and method.upper(), kind)] * times
 
@@ -126,6 +130,9 @@ class FaultProxy:
             if spike:
                 self._count(service, LATENCY)
                 await asyncio.sleep(self.faults.latency_seconds)
+            if fault == RESET:  # the connection dropped before forwarding: nothing applied, no answer
+                self._count(service, RESET)
+                return self._drop(request)
             if fault == BUSY:  # refused before the store sees it: nothing applied
                 self._count(service, BUSY)
                 headers, payload = error_response(service, 503, "ServerBusy", BUSY_MESSAGE)

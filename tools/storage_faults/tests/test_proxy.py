@@ -109,6 +109,16 @@ def test_a_connection_dropped_after_the_write_was_applied(proxy, name):
     assert proxy.counts()["faults"]["reset-applied"] == 1
 
 
+def test_a_connection_dropped_before_forwarding_applies_nothing_and_the_sdk_raises_for_a_patch(proxy, name):
+    client = table(proxy.connection_string, name)
+    client.create_entity({"PartitionKey": "p", "RowKey": "r", "X": 1})
+    proxy.inject("reset", service="table", method="PATCH")
+    with pytest.raises(ServiceResponseError):  # azure-core retries a PATCH after a 5xx, not after no answer
+        client.update_entity({"PartitionKey": "p", "RowKey": "r", "X": 2}, mode=UpdateMode.MERGE)
+    assert rows(client) == {"r": 1}, "the dropped write was applied"
+    assert proxy.counts()["faults"]["reset"] == 1
+
+
 def test_a_latency_spike_delays_the_request(proxy, name):
     client = table(proxy.connection_string, name)
     proxy.set_faults(StorageFaults(latency_seconds=0.4))
