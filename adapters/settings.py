@@ -60,6 +60,7 @@ class Settings(BaseSettings):
 
     # --- Names (defaults from core.names) -------------------------------------
     orders_queue: str = _setting(names.ORDERS_QUEUE_SETTING, names.ORDERS_QUEUE)
+    cancellations_queue: str = _setting(names.CANCELLATIONS_QUEUE_SETTING, names.CANCELLATIONS_QUEUE)
     #: remote service -> its agent's request queue (app settings ``<NAME>_REQUESTS_QUEUE``).
     requests_queues: dict[str, str] = Field(default_factory=dict, validation_alias=AliasChoices("REQUESTS_QUEUES"))
     agent_responses_queue: str = _setting(names.AGENT_RESPONSES_QUEUE_SETTING, names.AGENT_RESPONSES_QUEUE)
@@ -182,7 +183,10 @@ class Settings(BaseSettings):
     def own_queues(self) -> frozenset[str]:
         """The app's own Service Bus queues (a submitter's ReplyTo may not name one)."""
         return frozenset(
-            {self.orders_queue, self.agent_responses_queue, self.alerts_queue, *self.requests_queues.values()}
+            {
+                self.orders_queue, self.cancellations_queue, self.agent_responses_queue, self.alerts_queue,
+                *self.requests_queues.values(),
+            }
         )
 
     def step_defaults(self) -> StepPolicy:

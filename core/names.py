@@ -37,6 +37,7 @@ SERVICEBUS_CONNECTION = "ServiceBusConnection"
 #: App settings that hold queue/table names. Bindings refer to them as ``%NAME%``
 #: so a deployment can rename a queue without a code change.
 ORDERS_QUEUE_SETTING = "ORDERS_QUEUE"
+CANCELLATIONS_QUEUE_SETTING = "CANCELLATIONS_QUEUE"
 AGENT_RESPONSES_QUEUE_SETTING = "AGENT_RESPONSES_QUEUE"
 ALERTS_QUEUE_SETTING = "ALERTS_QUEUE"
 #: The scheduler's single queue of before the sharding, still read (drained) by ``schedule_order``.
@@ -55,6 +56,8 @@ ACTIVE_INDEX_SHARDS_SETTING = "ACTIVE_INDEX_SHARDS"
 # --- Default names ----------------------------------------------------------------
 
 ORDERS_QUEUE = "orders"
+#: Cancel requests from any client (README, "Cancelling an order"): body core.models.CancelRequest.
+CANCELLATIONS_QUEUE = "order-cancellations"
 AGENT_RESPONSES_QUEUE = "agent-responses"
 ALERTS_QUEUE = "alerts"
 SCHEDULER_QUEUE = "scheduler"
@@ -208,6 +211,15 @@ SERVICEBUS_QUEUES: tuple[ServiceBusQueueSpec, ...] = (
         dead_letter_on_expiry=True,
         duplicate_detection=True,
     ),
+    # Cancel requests from any client, like orders: MessageId 'cancel:<order id>' is the
+    # dedup key (core.models.cancel_message_id); the app's cancel is idempotent anyway.
+    ServiceBusQueueSpec(
+        CANCELLATIONS_QUEUE,
+        CANCELLATIONS_QUEUE_SETTING,
+        max_delivery_count=10,
+        dead_letter_on_expiry=True,
+        duplicate_detection=True,
+    ),
     # One request queue per remote service, so a slow service cannot starve the
     # others. Requests carry their own time-to-live (complete-by - now). An expired
     # request is discarded, never dead-lettered: the pattern forbids acting after
@@ -278,6 +290,7 @@ SPAN_AGENT = "agent.run"  # an agent's handling of one request
 SPAN_RECORD = "order.record"  # complete_step: an agent response recorded (or ignored)
 SPAN_CLOSE = "order.close"  # the order's final state: status event, alert, out of the index
 SPAN_RESUBMIT = "order.resubmit"  # operator: Error -> Pending
+SPAN_CANCEL = "order.cancel"  # a cancel request recorded on the order (or refused, or a no-op)
 #: The supervisor acting on one expired order: ``supervisor.retry``, ``supervisor.give_up``,
 #: ``supervisor.renudge`` (the verdict), ``supervisor.heal`` (closing a terminal order again).
 SPAN_SUPERVISOR_PREFIX = "supervisor."

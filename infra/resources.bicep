@@ -163,6 +163,7 @@ var deploymentContainerName = 'app-package-${take(functionAppName, 32)}-${take(r
 
 // The app's queue and table names: the defaults in core/names.py.
 var ordersQueueName = 'orders'
+var cancellationsQueueName = 'order-cancellations'
 var agentResponsesQueueName = 'agent-responses'
 var alertsQueueName = 'alerts'
 var schedulerQueueName = 'scheduler'
@@ -250,6 +251,22 @@ var serviceBusQueues = concat([
       // A client that resends after a timeout must not create a second order:
       // Service Bus drops a repeat MessageId inside the window. The app's own
       // idempotency (the order row keyed by order id) covers anything older.
+      requiresDuplicateDetection: true
+      duplicateDetectionHistoryTimeWindow: 'P1D'
+    }
+  }
+  {
+    // Cancel requests from any client (README, "Cancelling an order"), kept like orders:
+    // an invalid one is rejected into the rejections table at its first delivery; one
+    // that keeps failing (storage down) dead-letters after 10 tries, as does one nobody
+    // read in time. MessageId 'cancel:<order id>': a client's resend within the day is
+    // dropped here, and the app's cancel is idempotent after that.
+    name: cancellationsQueueName
+    properties: {
+      lockDuration: 'PT1M'
+      maxDeliveryCount: 10
+      defaultMessageTimeToLive: 'P14D'
+      deadLetteringOnMessageExpiration: true
       requiresDuplicateDetection: true
       duplicateDetectionHistoryTimeWindow: 'P1D'
     }
@@ -428,6 +445,7 @@ module functionApp 'app/function-app.bicep' = {
       ServiceBusConnection__clientId: identity.outputs.clientId
       // Queue and table names, read by bindings as %SETTING% and by the app.
       ORDERS_QUEUE: ordersQueueName
+      CANCELLATIONS_QUEUE: cancellationsQueueName
       AGENT_RESPONSES_QUEUE: agentResponsesQueueName
       ALERTS_QUEUE: alertsQueueName
       SCHEDULER_QUEUE: schedulerQueueName
