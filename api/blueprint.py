@@ -1,6 +1,7 @@
 """Bindings of the status API and the operator page: HTTP routes over api/orders.py and api/ops.py.
 
-``GET /api/orders/{id}``, ``GET /api/orders?state=...``, ``POST /api/orders/{id}/resubmit``;
+``GET /api/orders/{id}``, ``GET /api/orders?state=...``, ``POST /api/orders/{id}/resubmit``,
+``POST /api/orders/{id}/cancel`` (api/cancel.py);
 the page ``GET /api/ops`` with its files (``/api/ops/static/{name}``), the caller's roles
 (``/api/ops/me``), the counts per state over time (``/api/ops/counts``) and an order's
 spans (``GET /api/orders/{id}/trace``).
@@ -22,7 +23,7 @@ import azure.functions as func
 from adapters import traces
 from adapters.settings import get_settings
 from adapters.wiring import services
-from api import ops, orders
+from api import cancel, ops, orders
 from core import access
 from core.models import utcnow
 
@@ -64,6 +65,24 @@ def resubmit_order(req: func.HttpRequest) -> func.HttpResponse:
         return orders.resubmit_order(
             req.route_params.get("id"), store=s.store, nudger=s.nudger, now=utcnow(),
             pending_timeout=s.settings.pending_timeout,
+        )
+
+    return _respond(
+        orders.serve(
+            req.method, req.headers, methods=("POST",), roles=access.OPERATE_ROLES, mode=get_settings().api_auth,
+            action=action,
+        )
+    )
+
+
+@bp.function_name("cancel_order_api")
+@bp.route(route="orders/{id}/cancel", auth_level=func.AuthLevel.ANONYMOUS)
+def cancel_order_api(req: func.HttpRequest) -> func.HttpResponse:
+    def action() -> orders.Reply:
+        s = services()
+        return cancel.cancel_order(
+            req.route_params.get("id"), req.get_body(), by=cancel.caller(s.settings.api_auth, req.headers),
+            store=s.store, publisher=s.publisher, nudger=s.nudger, now=utcnow(),
         )
 
     return _respond(

@@ -104,6 +104,11 @@ def status_document(
         "complete_by": state.complete_by.isoformat(),
         "last_error": state.last_error,
         "cause": state.cause,
+        "cancel": None if state.cancel_requested_at is None else {
+            "requested_at": state.cancel_requested_at.isoformat(),
+            "reason": state.cancel_reason,
+            "by": state.cancelled_by,
+        },
         "reply_to": state.reply_to,
         "note": state.note,
         "created_at": state.created_at.isoformat(),

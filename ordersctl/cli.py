@@ -1,4 +1,4 @@
-"""Commands: send-order, watch-status, status, list, alerts, dead-letters, rejections, resubmit.
+"""Commands: send-order, watch-status, status, list, alerts, dead-letters, rejections, resubmit, cancel.
 
 Exit codes: 0 success, 1 a clear failure (not found, refused, invalid), 2 usage.
 """
@@ -194,6 +194,7 @@ def status(
         ("complete by", f"{state.complete_by.isoformat()} ({_ago(state.complete_by)})"),
         ("last error", state.last_error or "-"),
         ("undone because", state.cause or "-"),
+        ("cancel", _cancel_row(document["cancel"])),
         ("reply to", state.reply_to or "-"),
         ("note", state.note or "-"),
         ("created / updated", f"{state.created_at.isoformat()} / {state.updated_at.isoformat()}"),
@@ -210,6 +211,12 @@ def status(
         lines.add_row(line["step"], line["kind"], line["action"] or "-", line["state"],
                       str(line["attempt"] or "-"), str(line["failure_count"]), detail[:48])
     out.print(lines)
+
+
+def _cancel_row(cancel: dict | None) -> str:
+    if cancel is None:
+        return "-"
+    return f"requested {cancel['requested_at']} by {cancel['by'] or '-'}: {cancel['reason'] or 'no reason given'}"
 
 
 @app.command("list")
@@ -362,6 +369,39 @@ def resubmit(
     except (OrderNotFound, NotResubmittable) as error:
         raise fail(str(error)) from error
     out.print(f"order [bold]{order_id}[/bold] resubmitted: {state.process_state.value}, next attempt {state.attempt + 1}")
+
+
+@app.command()
+def cancel(
+    order_id: Annotated[str, typer.Argument(help="An order that has not ended.")],
+    reason: Annotated[str | None, typer.Option("--reason", help="Why (kept on the order, in its cause).")] = None,
+    settings: SettingsFile = None,
+) -> None:
+    """Cancel an order: the step in flight settles, then every step applied (or whose
+    outcome is unknown) is undone, newest first; the order ends Compensated. A no-op for
+    an order cancelled before or Compensated; refused (exit 1) once Processed or in Error."""
+    from adapters.store import OrderNotFound
+    from core.lifecycle import CancelVerdict
+    from core.models import CancelRequest
+    from scheduler.cancellation import NotCancellable
+    from scheduler.cancellation import cancel as do_cancel
+
+    try:
+        request = CancelRequest(order_id=order_id, reason=reason)
+    except ValidationError as error:
+        raise fail(f"invalid cancel: {explain(error)}") from error
+    ctx = _context(settings)
+    s = ctx.services
+    try:
+        done = do_cancel(request.order_id, reason=request.reason, by=f"ordersctl ({os.environ.get('USER') or 'operator'})",
+                         store=s.store, publisher=s.publisher, nudger=s.nudger, now=utcnow())
+    except (OrderNotFound, NotCancellable) as error:
+        raise fail(str(error)) from error
+    if done.verdict is CancelVerdict.ALREADY:
+        out.print(f"order [bold]{order_id}[/bold]: nothing to do, {done.reason}")
+        return
+    out.print(f"order [bold]{order_id}[/bold] cancel recorded ({done.state.process_state.value}, step "
+              f"{done.state.step}): the step in flight settles, then the order is undone")
 
 
 def main() -> None:

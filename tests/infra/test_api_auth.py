@@ -14,7 +14,7 @@ from tests.infra import bicep
 from tests.infra.conftest import DEPLOY_PARAMS, MAIN, app_settings_of
 
 CONFIG = "Microsoft.Web/sites/config"
-API_FUNCTIONS = {"get_order", "list_orders", "resubmit_order", "get_order_trace"}
+API_FUNCTIONS = {"get_order", "list_orders", "resubmit_order", "cancel_order_api", "get_order_trace"}
 #: The operator page (api/ops.py): behind the same Easy Auth, with the same roles.
 PAGE_FUNCTIONS = {"ops_page", "ops_asset", "ops_me", "ops_counts"}
 
