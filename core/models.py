@@ -373,6 +373,12 @@ CANCEL_REASON_MAX_CHARS = 500
 CancelReason = Annotated[
     str, StringConstraints(min_length=1, max_length=CANCEL_REASON_MAX_CHARS, strip_whitespace=True),
     AfterValidator(_no_control_characters),
+    WithJsonSchema({
+        "type": "string", "minLength": 1, "maxLength": CANCEL_REASON_MAX_CHARS,
+        "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*$",
+        "description": "Why: kept on the order and named in its cause. No control characters; leading and "
+        "trailing white space is dropped (white space alone is refused).",
+    }),
 ]
 #: The MessageId every cancel message is sent with (:func:`cancel_message_id`), worded as
 #: the README states it: one cancel per order, so duplicate detection drops any repeat.
@@ -383,9 +389,20 @@ class CancelRequest(_Message):
     """A request to cancel an order: the body of a message on the ``order-cancellations``
     queue, and of ``POST /api/orders/{id}/cancel`` (without ``order_id``, which the route names)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, title="CancelRequest")
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        title="CancelRequest",
+        json_schema_extra={
+            "description": "Body of a message on the order-cancellations queue (content type application/json)."
+        },
+    )
 
-    order_id: OrderId
+    order_id: OrderId = Field(
+        description=f"The order to cancel. Send the message with MessageId = {CANCEL_MESSAGE_ID_RULE}: duplicate "
+        "detection then drops a resend within a day; a cancel is idempotent after that."
+    )
     reason: CancelReason | None = None
 
 
