@@ -237,6 +237,10 @@ SERVICEBUS_QUEUES: tuple[ServiceBusQueueSpec, ...] = (
     ServiceBusQueueSpec(ALERTS_QUEUE, ALERTS_QUEUE_SETTING, default_ttl=timedelta(days=7), duplicate_detection=True),
 )
 
+#: The queues any client may send to (each with duplicate detection; a client's Data Sender
+#: role is scoped to each of them alone, docs/deploy.md); every other queue is the app's own.
+CLIENT_QUEUES: tuple[str, ...] = (ORDERS_QUEUE, CANCELLATIONS_QUEUE)
+
 #: The scheduler's queues, by shard: (queue name, app setting).
 SCHEDULER_QUEUES: tuple[tuple[str, str], ...] = tuple(
     (scheduler_queue(shard), scheduler_queue_setting(shard)) for shard in range(SCHEDULER_QUEUE_SHARDS)
