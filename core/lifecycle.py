@@ -374,12 +374,28 @@ def cancel_cause(state: OrderState) -> str | None:
     return _error(f"cancelled{by} at {state.cancel_requested_at.isoformat()}: {why}")
 
 
-def request_cancel(state: OrderState, now: datetime, reason: str | None, by: str | None) -> CancelDecision:
+def nothing_in_flight(state: OrderState, workflow: Workflow | None) -> bool:
+    """A Processing action line that sent no request to any remote: a step that waits for
+    an external event (``Step.wait_for``, issue 22 part 2) instead of calling a remote.
+    Nothing there can still take effect, so a cancel need not wait for its deadline."""
+    if workflow is None or state.process_state is not ProcessState.PROCESSING or state.kind is not Kind.ACTION:
+        return False
+    return getattr(step_of(state, workflow), "wait_for", None) is not None
+
+
+def request_cancel(
+    state: OrderState, now: datetime, reason: str | None, by: str | None, workflow: Workflow | None = None
+) -> CancelDecision:
     """Record a cancel on an order that has not ended (one If-Match write of the state
     row). Nothing else changes: the line in flight settles as it would have, and the
     scheduler then undoes the order instead of going on. Idempotent: a second cancel,
     or a cancel of a Compensated order, is a no-op; an order that ended Processed (every
-    step done) or in Error (it needs an operator, who may resubmit it) is refused."""
+    step done) or in Error (it needs an operator, who may resubmit it) is refused.
+
+    A line with nothing in flight (:func:`nothing_in_flight`, on the order's ``workflow``)
+    has nothing to settle: the same write hands it back to the scheduler (Pending, due
+    now), whose claim undoes the steps before it at once (:func:`claim`); an event for it
+    after that finds no line waiting."""
     if state.process_state is ProcessState.PROCESSED:
         return CancelDecision(
             CancelVerdict.REFUSED, reason=f"order {state.order_id} is Processed: every step is done, nothing to cancel"
@@ -396,12 +412,16 @@ def request_cancel(state: OrderState, now: datetime, reason: str | None, by: str
         return CancelDecision(
             CancelVerdict.ALREADY, reason=f"order {state.order_id} was cancelled already ({cancel_cause(state)})"
         )
+    changes: dict = {}
+    if nothing_in_flight(state, workflow):
+        changes = {"process_state": ProcessState.PENDING, "locked_by": None, "complete_by": now}
     recorded = state.model_copy(
         update={
             "cancel_requested_at": now,
             "cancel_reason": _error(reason) if reason else None,
             "cancelled_by": _error(by) if by else None,
             "updated_at": now,
+            **changes,
         }
     )
     return CancelDecision(CancelVerdict.RECORDED, recorded)

@@ -22,6 +22,7 @@ from adapters.store import ConcurrencyConflict, OrderNotFound, RejectionStore, S
 from core import lifecycle, names
 from core.lifecycle import CancelVerdict
 from core.models import CancelRequest, Nudge, OrderState, ProcessState, Status, StatusEvent, explain
+from core.workflow import UnknownWorkflow, Workflow, workflow
 from scheduler.submission import JSON_CONTENT_TYPE, _claimed_order_id, _content_type_ok, _shown, _text
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def cancel(
         attempt=state.attempt,
     ):
         for _ in range(MAX_TRIES):
-            decision = lifecycle.request_cancel(state, now, reason, by)
+            decision = lifecycle.request_cancel(state, now, reason, by, _definition(state))
             if decision.verdict is CancelVerdict.REFUSED:
                 telemetry.annotate(outcome="refused")
                 raise NotCancellable(decision.reason)
@@ -81,6 +82,13 @@ def cancel(
                 nudger.nudge(Nudge(order_id=order_id, state=written))
             return Cancelled(CancelVerdict.RECORDED, written)
         raise NotCancellable(f"order {order_id} kept changing while cancelling; try again")
+
+
+def _definition(state: OrderState) -> Workflow | None:
+    try:
+        return workflow(state.workflow, state.workflow_version)
+    except UnknownWorkflow:
+        return None  # the scheduler ends such an order in Error; the cancel is recorded all the same
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ settles first; then every applied or unknown action is undone, newest first."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
@@ -22,10 +23,10 @@ from core.models import (
     Status,
     cancel_message_id,
 )
-from core.workflow import Kind
+from core.workflow import ORDER_WORKFLOW, Kind, Step, Workflow
 from scheduler import cancellation, dispatch
 from tests.memtable import MemoryTable
-from tests.unit.test_workflow import World
+from tests.unit.test_workflow import DEFAULTS, World
 
 
 def cancel(w: World, reason: str | None = "customer asked", order_id: str = "o-1"):
@@ -341,3 +342,36 @@ def test_cancel_cause_names_who_and_why():
     w.submit()
     cancel(w, reason=None)
     assert lifecycle.cancel_cause(w.state()).endswith(": no reason given")
+
+
+# --- a line with nothing in flight (a step that waits for an external event) --------------
+
+
+@dataclass(frozen=True)
+class WaitingStep(Step):
+    """A step that waits for an event instead of calling a remote (as issue 22's part 2
+    declares one: ``Step(..., wait_for=...)``); here only what the cancel reads of it."""
+
+    wait_for: str | None = "approval"
+
+
+def test_a_line_waiting_for_an_event_is_cancelled_at_once_with_no_deadline_to_wait_for():
+    approve = WaitingStep("approve", "inventory", "reserve")
+    definition = Workflow("waits", 1, (ORDER_WORKFLOW.steps[0], approve, *ORDER_WORKFLOW.steps[1:]))
+    w = World()
+    w.submit()
+    w.answer()  # reserve done; the row is now Processing at step 2, here the waiting step
+    waiting = w.state().model_copy(update={"step": "approve", "workflow": "waits"})
+    assert lifecycle.nothing_in_flight(waiting, definition)
+    decision = lifecycle.request_cancel(waiting, w.now, "no longer wanted", "ops", definition)
+    assert decision.next_state.process_state is ProcessState.PENDING
+    assert decision.next_state.complete_by == w.now and decision.next_state.locked_by is None
+    claimed = lifecycle.claim(decision.next_state, definition, "host-1", w.now, DEFAULTS)
+    assert claimed.state.kind is Kind.COMPENSATION and claimed.state.step == "reserve"  # release at once
+    (record,) = claimed.lines
+    assert (record.step, record.state) == ("approve", LineState.CANCELLED)
+    # A line with a remote call in flight keeps waiting for it to settle.
+    assert not lifecycle.nothing_in_flight(waiting, ORDER_WORKFLOW)
+    assert lifecycle.request_cancel(waiting, w.now, None, None, ORDER_WORKFLOW).next_state.process_state is (
+        ProcessState.PROCESSING
+    )
