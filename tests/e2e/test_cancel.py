@@ -129,6 +129,11 @@ def test_cancel_in_flight_while_failing_during_an_undo_after_processed_and_twice
     claims = [(c.kind, c.action) for c in stack.claims("x-cli")]
     assert claims[-2:] == [(C, "refund"), (C, "release")] and (A, "ship") not in claims
     assert "x-cli" not in stack.applied("payments") and stack.undone("inventory")["x-cli"] == ["release"]
+    status = ordersctl(stack, tmp_path, "status", "x-cli")  # shows the cancel: when, who, why
+    assert status.returncode == 0, status.stderr
+    (row,) = [line for line in status.stdout.splitlines() if line.strip().startswith("cancel ")]
+    assert "requested" in row and "by ordersctl" in row and "out of stock elsewhere" in row
+    assert "Cancelled" in status.stdout  # the charge line the cancel ended
 
     # x-done: Processed; a cancel is refused (409, exit 1) and changes nothing.
     assert states["x-done"].process_state is ProcessState.PROCESSED
