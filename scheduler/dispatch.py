@@ -190,27 +190,40 @@ def _apply(
 ) -> tuple[OrderState, Transition, OrderRecord] | None:
     """Read the order (one partition query), decide on its state row and write the
     transition (If-Match on the ETag just read), on the definition the order started on.
-    None when there is nothing to do: an unknown order, a decision of no change, a write
-    that lost the race (someone else decided on the row), or a forged message.
+    None when there is nothing to do: an unknown order, a decision of no change, or a
+    forged message. A write that lost the race (412: someone else moved the row) is
+    decided again on the row as it now is, up to :data:`DECISIONS` times: a move that
+    ended the line (a reset, another scheduler) makes the message stale, while one that
+    left it in flight (a cancel recorded meanwhile) lets the response still count.
     """
     order_id = message.order_id
     claimed = message.state if isinstance(message, Nudge) else message.context.fence
-    try:
-        read = store.read(order_id)
-    except OrderNotFound:
-        return None
-    state = read.state
-    if forged(claimed, state):
-        log.error("order %s: a message claims the row's current ETag with other contents: dropped as forged", order_id)
-        telemetry.message_dropped("nudge" if isinstance(message, Nudge) else "agent_response", names.DROP_FORGED)
-        return None
-    transition = _on_definition(state, now, lambda s, wf: decide(s, wf, read.lines))
-    if transition is None:
-        return None
-    try:
-        return store.write(state, transition.state, transition.lines), transition, read
-    except (ConcurrencyConflict, OrderNotFound):
-        return None
+    for _ in range(DECISIONS):
+        try:
+            read = store.read(order_id)
+        except OrderNotFound:
+            return None
+        state = read.state
+        if forged(claimed, state):
+            log.error("order %s: a message claims the row's current ETag with other contents: dropped as forged",
+                      order_id)
+            telemetry.message_dropped("nudge" if isinstance(message, Nudge) else "agent_response", names.DROP_FORGED)
+            return None
+        transition = _on_definition(state, now, lambda s, wf: decide(s, wf, read.lines))
+        if transition is None:
+            return None
+        try:
+            return store.write(state, transition.state, transition.lines), transition, read
+        except OrderNotFound:
+            return None
+        except ConcurrencyConflict:
+            continue
+    return None
+
+
+#: Reads and decisions of one message when its writes keep losing the race (each loss is
+#: another write to the order's row; past this, the message is dropped as stale would be).
+DECISIONS = 3
 
 
 def forged(claimed: OrderState | None, state: OrderState) -> bool:

@@ -375,3 +375,24 @@ def test_a_line_waiting_for_an_event_is_cancelled_at_once_with_no_deadline_to_wa
     assert lifecycle.request_cancel(waiting, w.now, None, None, ORDER_WORKFLOW).next_state.process_state is (
         ProcessState.PROCESSING
     )
+
+
+def test_a_response_whose_write_loses_to_a_cancel_is_decided_again_and_still_counts():
+    """The cancel is written between the response's read and its write: the response's
+    If-Match fails (412), it reads the row again (the line is still in flight, the same
+    attempt) and is recorded on it: the action applied, so it is undone at once."""
+    w = World()
+    w.submit()
+    real_write, raced = w.store.write, []
+
+    def cancel_first(current, new, lines=(), **kwargs):
+        if not raced:
+            raced.append(True)
+            w.store.write = real_write
+            cancel(w)  # moves the row under the response's decision
+        return real_write(current, new, lines, **kwargs)
+
+    w.store.write = cancel_first
+    assert w.answer() is not None  # recorded, not dropped as stale
+    assert w.sent()[-1] == ("compensation", "release")
+    assert w.lines()[("reserve", Kind.ACTION)] is LineState.DONE
