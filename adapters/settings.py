@@ -61,6 +61,7 @@ class Settings(BaseSettings):
     # --- Names (defaults from core.names) -------------------------------------
     orders_queue: str = _setting(names.ORDERS_QUEUE_SETTING, names.ORDERS_QUEUE)
     order_events_queue: str = _setting(names.ORDER_EVENTS_QUEUE_SETTING, names.ORDER_EVENTS_QUEUE)
+    cancellations_queue: str = _setting(names.CANCELLATIONS_QUEUE_SETTING, names.CANCELLATIONS_QUEUE)
     #: remote service -> its agent's request queue (app settings ``<NAME>_REQUESTS_QUEUE``).
     requests_queues: dict[str, str] = Field(default_factory=dict, validation_alias=AliasChoices("REQUESTS_QUEUES"))
     agent_responses_queue: str = _setting(names.AGENT_RESPONSES_QUEUE_SETTING, names.AGENT_RESPONSES_QUEUE)
@@ -195,7 +196,8 @@ class Settings(BaseSettings):
         """The app's own Service Bus queues (a submitter's ReplyTo may not name one)."""
         return frozenset(
             {
-                self.orders_queue, self.order_events_queue, self.agent_responses_queue, self.alerts_queue,
+                self.orders_queue, self.order_events_queue, self.cancellations_queue, self.agent_responses_queue,
+                self.alerts_queue,
                 *self.requests_queues.values(),
             }
         )

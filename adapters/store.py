@@ -149,10 +149,13 @@ _STATE_FIELDS = {
     "postponements": "Postponements",
     "note": "Note",
     "trace_parent": "TraceParent",
+    "cancel_requested_at": "CancelRequestedAt",
+    "cancel_reason": "CancelReason",
+    "cancelled_by": "CancelledBy",
 }
 #: Optional values are written as "" (or 0) rather than left out: a MERGE that leaves
 #: a property out keeps its old value, so clearing LockedBy must write something.
-_OPTIONAL_TEXT = {"LockedBy", "LastError", "ReplyTo", "Step", "Cause", "Note", "TraceParent"}
+_OPTIONAL_TEXT = {"LockedBy", "LastError", "ReplyTo", "Step", "Cause", "Note", "TraceParent", "CancelReason", "CancelledBy"}
 _OPTIONAL_NUMBER = {"MaxFailures"}
 _INDEX_LISTS = {"Plan", "Failed"}
 
@@ -195,7 +198,10 @@ def state_from_entity(entity: dict[str, Any]) -> OrderState:
     return OrderState(**present, etag=entity.metadata.get("etag"))
 
 
-_NULLABLE = {"locked_by", "last_error", "reply_to", "step", "cause", "max_failures", "note", "trace_parent"}
+_NULLABLE = {
+    "locked_by", "last_error", "reply_to", "step", "cause", "max_failures", "note", "trace_parent",
+    "cancel_requested_at", "cancel_reason", "cancelled_by",
+}
 
 _LINE_PREFIX = {Kind.ACTION: "step", Kind.COMPENSATION: "undo"}
 _LINE_PREFIXES = tuple(f"{prefix}-" for prefix in _LINE_PREFIX.values())

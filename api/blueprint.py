@@ -3,6 +3,7 @@
 ``GET /api/orders/{id}``, ``GET /api/orders?state=...``, ``GET /api/orders?customer=...``,
 ``POST /api/orders/{id}/resubmit``; ``GET /api/errors``, ``GET /api/errors/{group}``,
 ``POST /api/errors/{group}/resubmit`` (api/search.py); ``POST /api/orders/{id}/events/{name}`` (api/events.py);
+``POST /api/orders/{id}/cancel`` (api/cancel.py);
 the page ``GET /api/ops`` with its files (``/api/ops/static/{name}``), the caller's roles
 (``/api/ops/me``), the counts per state over time (``/api/ops/counts``) and an order's
 spans (``GET /api/orders/{id}/trace``).
@@ -24,7 +25,7 @@ import azure.functions as func
 from adapters import traces
 from adapters.settings import get_settings
 from adapters.wiring import services
-from api import events, ops, orders, search
+from api import cancel, events, ops, orders, search
 from core import access
 from core.models import utcnow
 
@@ -121,6 +122,24 @@ def post_order_event(req: func.HttpRequest) -> func.HttpResponse:
         return events.post_event(
             req.route_params.get("id"), req.route_params.get("name"), req.get_body(),
             scheduler=scheduler(services()), now=utcnow(),
+        )
+
+    return _respond(
+        orders.serve(
+            req.method, req.headers, methods=("POST",), roles=access.OPERATE_ROLES, mode=get_settings().api_auth,
+            action=action,
+        )
+    )
+
+
+@bp.function_name("cancel_order_api")
+@bp.route(route="orders/{id}/cancel", auth_level=func.AuthLevel.ANONYMOUS)
+def cancel_order_api(req: func.HttpRequest) -> func.HttpResponse:
+    def action() -> orders.Reply:
+        s = services()
+        return cancel.cancel_order(
+            req.route_params.get("id"), req.get_body(), by=cancel.caller(s.settings.api_auth, req.headers),
+            store=s.store, publisher=s.publisher, nudger=s.nudger, now=utcnow(),
         )
 
     return _respond(

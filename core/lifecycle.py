@@ -20,10 +20,16 @@ A waiting step (``Step(wait_for=...)``) is claimed like any line but sends no re
 its event ends it (:func:`receive_event`: approved is done, rejected is refused), or its
 deadline does (one attempt: the supervisor's expiry is a give-up, and :func:`give_up`
 undoes the steps before it). An undo skips waiting steps: nothing was done there.
+
+A cancel (:func:`request_cancel`) is recorded on the row and changes no line: the line in
+flight settles first (its response, or its deadline through the supervisor), and where the
+scheduler would start the next action it starts the undos instead (:func:`complete`,
+:func:`claim`), of every step that was applied or whose outcome is unknown.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
@@ -146,17 +152,21 @@ def _line_record(
 
 
 def claim(
-    state: OrderState, workflow: Workflow, instance: str, now: datetime, defaults: StepPolicy
+    state: OrderState, workflow: Workflow, instance: str, now: datetime, defaults: StepPolicy,
+    ended: Sequence[LineRecord] = (),
 ) -> Transition | None:
     """Pending -> Processing for this instance, with a new attempt (fencing token).
 
     A Pending row the supervisor gave up on is not run again: the scheduler decides
-    what giving up means for its line (:func:`give_up`).
+    what giving up means for its line (:func:`give_up`). Nor is an action of a cancelled
+    order (:func:`_cancel_pending`; ``ended``: the order's ended lines, as read).
     """
     if state.process_state is not ProcessState.PENDING:
         return None
     if state.gave_up:
         return give_up(state, workflow, instance, now, defaults)
+    if cancelled(state) and state.kind is Kind.ACTION:
+        return _cancel_pending(state, workflow, instance, now, defaults, ended)
     if state.kind is Kind.COMPENSATION and step_of(state, workflow).compensate is None:
         # Only reachable through a resubmit of a line that cannot be undone.
         return _compensate_next(state, workflow, instance, now, defaults, [], failed_now=True)
@@ -187,11 +197,16 @@ def complete(
     if state.kind is Kind.ACTION:
         if response.outcome is Outcome.SUCCEEDED:
             done = _line_record(state, workflow, LineState.DONE, now, result=response.result)
+            if cancelled(state):
+                # Cancelled while this action was in flight: it settled as applied, so it is
+                # undone too, with the steps before it (a last step that cannot be undone: Error).
+                return _compensate(state, workflow, instance, now, defaults, done, cancel_cause(state),
+                                   first=state.step_index)
             return _advance(state, workflow, instance, now, defaults, done)
         # Refused: nothing was applied at this step; undo the ones before it.
         reason = response.error or "the remote service refused the step"
         refused = _line_record(state, workflow, LineState.REFUSED, now, error=reason)
-        cause = f"step {state.step} refused: {reason}"
+        cause = cancel_cause(state) or f"step {state.step} refused: {reason}"
         return _compensate(state, workflow, instance, now, defaults, refused, cause, first=state.step_index - 1)
     if response.outcome is Outcome.SUCCEEDED:
         undone = _line_record(state, workflow, LineState.DONE, now, result=response.result)
@@ -358,13 +373,14 @@ def give_up(
     if state.kind is Kind.ACTION:
         exhausted = _line_record(state, workflow, LineState.EXHAUSTED, now, error=reason)
         if step.compensate is None:
+            why = f"; the order was being cancelled ({cancel_cause(state)})" if cancelled(state) else ""
             error = (
-                f"step {state.step}: outcome unknown after {state.failure_count} failed attempts, and it cannot be "
+                f"step {state.step}{why}: outcome unknown after {state.failure_count} failed attempts, and it cannot be "
                 f"undone; check it at the remote service, then resubmit to run it again (same idempotency key). "
                 f"Last: {reason}"
             )
             return Transition(_end(state, ProcessState.ERROR, now, error), (exhausted,))
-        cause = f"step {state.step} gave up (outcome unknown): {reason}"
+        cause = cancel_cause(state) or f"step {state.step} gave up (outcome unknown): {reason}"
         return _compensate(state, workflow, instance, now, defaults, exhausted, cause, first=state.step_index)
     failed = _line_record(state, workflow, LineState.FAILED, now, error=reason)
     return _compensate_next(
@@ -425,6 +441,133 @@ def _compensate_next(
             _end(state, ProcessState.ERROR, now, error, plan=(), failed=tuple(failed)), tuple(records)
         )
     return Transition(_end(state, ProcessState.COMPENSATED, now, state.cause, plan=()), tuple(records))
+
+
+# --- cancel --------------------------------------------------------------------------
+
+
+class CancelVerdict(str, Enum):
+    RECORDED = "recorded"  # written on the row now: the order will be undone
+    ALREADY = "already"  # a cancel is recorded already, or the order is Compensated: a no-op
+    REFUSED = "refused"  # the order ended Processed or in Error: nothing to cancel
+
+
+@dataclass(frozen=True)
+class CancelDecision:
+    verdict: CancelVerdict
+    #: The state to write (If-Match) when RECORDED.
+    next_state: OrderState | None = None
+    #: Why it was refused, or why it is a no-op.
+    reason: str | None = None
+
+
+def cancelled(state: OrderState) -> bool:
+    return state.cancel_requested_at is not None
+
+
+def cancel_cause(state: OrderState) -> str | None:
+    """The Cause of a cancelled order: the cancel, who asked and why; None if not cancelled."""
+    if not cancelled(state):
+        return None
+    by = f" by {state.cancelled_by}" if state.cancelled_by else ""
+    why = state.cancel_reason or "no reason given"
+    return _error(f"cancelled{by} at {state.cancel_requested_at.isoformat()}: {why}")
+
+
+def nothing_in_flight(state: OrderState, workflow: Workflow | None) -> bool:
+    """A Processing action line that sent no request to any remote: a step that waits for
+    an external event (``Step.wait_for``) instead of calling a remote.
+    Nothing there can still take effect, so a cancel need not wait for its deadline."""
+    if workflow is None or state.process_state is not ProcessState.PROCESSING or state.kind is not Kind.ACTION:
+        return False
+    return step_of(state, workflow).waiting
+
+
+def request_cancel(
+    state: OrderState, now: datetime, reason: str | None, by: str | None, workflow: Workflow | None = None
+) -> CancelDecision:
+    """Record a cancel on an order that has not ended (one If-Match write of the state
+    row). Nothing else changes: the line in flight settles as it would have, and the
+    scheduler then undoes the order instead of going on. Idempotent: a second cancel,
+    or a cancel of a Compensated order, is a no-op; an order that ended Processed (every
+    step done) or in Error (it needs an operator, who may resubmit it) is refused.
+
+    A line with nothing in flight (:func:`nothing_in_flight`, on the order's ``workflow``)
+    has nothing to settle: the same write hands it back to the scheduler (Pending, due
+    now), whose claim undoes the steps before it at once (:func:`claim`); an event for it
+    after that finds no line waiting."""
+    if state.process_state is ProcessState.PROCESSED:
+        return CancelDecision(
+            CancelVerdict.REFUSED, reason=f"order {state.order_id} is Processed: every step is done, nothing to cancel"
+        )
+    if state.process_state is ProcessState.ERROR:
+        return CancelDecision(
+            CancelVerdict.REFUSED,
+            reason=f"order {state.order_id} ended in Error: it needs an operator (check the remote services, then "
+            "resubmit it); a cancel applies only to an order that has not ended",
+        )
+    if state.process_state is ProcessState.COMPENSATED:
+        return CancelDecision(CancelVerdict.ALREADY, reason=f"order {state.order_id} is Compensated already")
+    if cancelled(state):
+        return CancelDecision(
+            CancelVerdict.ALREADY, reason=f"order {state.order_id} was cancelled already ({cancel_cause(state)})"
+        )
+    changes: dict = {}
+    if nothing_in_flight(state, workflow):
+        changes = {"process_state": ProcessState.PENDING, "locked_by": None, "complete_by": now}
+    recorded = state.model_copy(
+        update={
+            "cancel_requested_at": now,
+            "cancel_reason": _error(reason) if reason else None,
+            "cancelled_by": _error(by) if by else None,
+            "updated_at": now,
+            **changes,
+        }
+    )
+    return CancelDecision(CancelVerdict.RECORDED, recorded)
+
+
+def may_have_run(state: OrderState, ended: Sequence[LineRecord] = ()) -> bool:
+    """Whether the current (Pending) action line may have been applied by an earlier
+    attempt: one timed out or was postponed (failure or postponement counted), or the
+    line ended before and was resubmitted (its row says so)."""
+    if state.failure_count > 0 or state.postponements > 0:
+        return True
+    return any(line.step_index == state.step_index and line.kind is Kind.ACTION for line in ended)
+
+
+def _cancel_pending(
+    state: OrderState, workflow: Workflow, instance: str, now: datetime, defaults: StepPolicy,
+    ended: Sequence[LineRecord],
+) -> Transition:
+    """A cancelled order's Pending action line is not claimed again: its earlier attempts,
+    if any, are settled (their Complete-By passed: the supervisor reset the line after it),
+    so the undos start now, of this step too when it may have run.
+
+    A line that was postponed is the exception: the postponed attempt's request may still
+    be delivered to an agent and act until that attempt's Complete-By, which the row no
+    longer holds (it is at most the line's timeout after now). It is handed back as a
+    give-up after that timeout, as :func:`postpone` does when failures run out; the
+    give-up then undoes the order (:func:`give_up`, with the cancel as cause)."""
+    if state.postponements > 0:
+        timeout = timedelta(seconds=step_of(state, workflow).policy.over(defaults).timeout_seconds)
+        wait = state.model_copy(
+            update={
+                "gave_up": True, "postponements": 0, "failure_count": state.failure_count + 1, "locked_by": None,
+                "complete_by": now + 2 * timeout, "updated_at": now,
+                "last_error": _error(f"cancelled while postponed: undone once the postponed attempt's deadline "
+                                     f"({timeout.total_seconds():.0f} s at most) has passed; last: {state.last_error}"),
+            }
+        )
+        return Transition(wait, nudge_delay=timeout)
+    cause = cancel_cause(state) or "cancelled"
+    if may_have_run(state, ended):
+        note = f"cancelled after {state.failure_count} failed attempt(s): outcome unknown, undone"
+        first = state.step_index
+    else:
+        note, first = "cancelled before it ran: not run", state.step_index - 1
+    record = _line_record(state, workflow, LineState.CANCELLED, now, error=note)
+    return _compensate(state, workflow, instance, now, defaults, record, cause, first=first)
 
 
 def failed_steps(state: OrderState, workflow: Workflow) -> list[str]:

@@ -10,6 +10,7 @@
 - :class:`AgentRequest` / :class:`AgentResponse`: the agent's request/response pair.
 - :class:`StatusEvent`: what a submitter receives on its ``ReplyTo`` queue.
 - :class:`Alert`: what an operator receives on the ``alerts`` queue.
+- :class:`CancelRequest`: the body of a message on the ``order-cancellations`` queue.
 """
 
 from __future__ import annotations
@@ -278,6 +279,11 @@ class OrderState(BaseModel):
     #: The W3C ``traceparent`` of the order's submission, set once: the supervisor's
     #: resets and an operator's resubmit continue the order's trace from it.
     trace_parent: str | None = None
+    #: A cancel recorded on the row (core/lifecycle.request_cancel): when, why and who
+    #: asked. Set once, never cleared; no forward step starts after it.
+    cancel_requested_at: AwareDatetime | None = None
+    cancel_reason: str | None = None
+    cancelled_by: str | None = None
     #: The row's ETag when it was read (not stored); every transition is If-Match on it.
     etag: str | None = None
 
@@ -296,6 +302,9 @@ class LineState(str, Enum):
     EXHAUSTED = "Exhausted"
     #: The compensation could not be done (refused, exhausted, or none declared).
     FAILED = "Failed"
+    #: The action's line was ended by a cancel before it could be claimed again: not run
+    #: since (its earlier attempts, if any, are undone with the steps before it).
+    CANCELLED = "Cancelled"
 
 
 class Line(BaseModel):
@@ -412,6 +421,8 @@ class Status(str, Enum):
     RECEIVED = "received"
     PROCESSING = "processing"
     RETRYING = "retrying"
+    #: A cancel was recorded: the line in flight settles, then the order is undone.
+    CANCELLING = "cancelling"
     COMPENSATING = "compensating"
     #: A waiting step began: the detail names the event and its deadline.
     WAITING = "waiting"
@@ -443,6 +454,49 @@ class Alert(_Message):
     step: str | None = None
     #: The steps whose compensation could not be done.
     failed_compensations: list[str] = Field(default_factory=list)
+
+
+#: A cancel's reason: short text, no control characters (core/lifecycle.py keeps it in Cause).
+CANCEL_REASON_MAX_CHARS = 500
+CancelReason = Annotated[
+    str, StringConstraints(min_length=1, max_length=CANCEL_REASON_MAX_CHARS, strip_whitespace=True),
+    AfterValidator(_no_control_characters),
+    WithJsonSchema({
+        "type": "string", "minLength": 1, "maxLength": CANCEL_REASON_MAX_CHARS,
+        "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*$",
+        "description": "Why: kept on the order and named in its cause. No control characters; leading and "
+        "trailing white space is dropped (white space alone is refused).",
+    }),
+]
+#: The MessageId every cancel message is sent with (:func:`cancel_message_id`), worded as
+#: the README states it: one cancel per order, so duplicate detection drops any repeat.
+CANCEL_MESSAGE_ID_RULE = "'cancel:' + the order id"
+
+
+class CancelRequest(_Message):
+    """A request to cancel an order: the body of a message on the ``order-cancellations``
+    queue, and of ``POST /api/orders/{id}/cancel`` (without ``order_id``, which the route names)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        title="CancelRequest",
+        json_schema_extra={
+            "description": "Body of a message on the order-cancellations queue (content type application/json)."
+        },
+    )
+
+    order_id: OrderId = Field(
+        description=f"The order to cancel. Send the message with MessageId = {CANCEL_MESSAGE_ID_RULE}: duplicate "
+        "detection then drops a resend within a day; a cancel is idempotent after that."
+    )
+    reason: CancelReason | None = None
+
+
+def cancel_message_id(order_id: str) -> str:
+    """The MessageId of a cancel message: :data:`CANCEL_MESSAGE_ID_RULE`."""
+    return f"cancel:{order_id}"
 
 
 _KEY_NAMESPACE = uuid.UUID("6c1f2f55-3c1b-4f7e-9a51-4d9e3b0c2a11")

@@ -38,6 +38,7 @@ SERVICEBUS_CONNECTION = "ServiceBusConnection"
 #: so a deployment can rename a queue without a code change.
 ORDERS_QUEUE_SETTING = "ORDERS_QUEUE"
 ORDER_EVENTS_QUEUE_SETTING = "ORDER_EVENTS_QUEUE"
+CANCELLATIONS_QUEUE_SETTING = "CANCELLATIONS_QUEUE"
 AGENT_RESPONSES_QUEUE_SETTING = "AGENT_RESPONSES_QUEUE"
 ALERTS_QUEUE_SETTING = "ALERTS_QUEUE"
 #: The scheduler's single queue of before the sharding, still read (drained) by ``schedule_order``.
@@ -58,6 +59,8 @@ ACTIVE_INDEX_SHARDS_SETTING = "ACTIVE_INDEX_SHARDS"
 ORDERS_QUEUE = "orders"
 #: External events for waiting steps (an approval), from any client (README, "Sending order events").
 ORDER_EVENTS_QUEUE = "order-events"
+#: Cancel requests from any client (README, "Cancelling an order"): body core.models.CancelRequest.
+CANCELLATIONS_QUEUE = "order-cancellations"
 AGENT_RESPONSES_QUEUE = "agent-responses"
 ALERTS_QUEUE = "alerts"
 SCHEDULER_QUEUE = "scheduler"
@@ -264,6 +267,15 @@ SERVICEBUS_QUEUES: tuple[ServiceBusQueueSpec, ...] = (
         dead_letter_on_expiry=True,
         duplicate_detection=True,
     ),
+    # Cancel requests from any client, like orders: MessageId 'cancel:<order id>' is the
+    # dedup key (core.models.cancel_message_id); the app's cancel is idempotent anyway.
+    ServiceBusQueueSpec(
+        CANCELLATIONS_QUEUE,
+        CANCELLATIONS_QUEUE_SETTING,
+        max_delivery_count=10,
+        dead_letter_on_expiry=True,
+        duplicate_detection=True,
+    ),
     # One request queue per remote service, so a slow service cannot starve the
     # others. Requests carry their own time-to-live (complete-by - now). An expired
     # request is discarded, never dead-lettered: the pattern forbids acting after
@@ -280,6 +292,10 @@ SERVICEBUS_QUEUES: tuple[ServiceBusQueueSpec, ...] = (
     # and the send) is dropped here.
     ServiceBusQueueSpec(ALERTS_QUEUE, ALERTS_QUEUE_SETTING, default_ttl=timedelta(days=7), duplicate_detection=True),
 )
+
+#: The queues any client may send to (each with duplicate detection; a client's Data Sender
+#: role is scoped to each of them alone, docs/deploy.md); every other queue is the app's own.
+CLIENT_QUEUES: tuple[str, ...] = (ORDERS_QUEUE, CANCELLATIONS_QUEUE)
 
 #: The scheduler's queues, by shard: (queue name, app setting).
 SCHEDULER_QUEUES: tuple[tuple[str, str], ...] = tuple(
@@ -336,6 +352,7 @@ SPAN_CLOSE = "order.close"  # the order's final state: status event, alert, out 
 SPAN_RESUBMIT = "order.resubmit"  # operator: Error -> Pending
 SPAN_WAIT = "order.wait"  # a waiting step claimed: the wait for its event begins (no agent request)
 SPAN_EVENT = "order.event"  # an external event for a waiting step: accepted, duplicate or refused
+SPAN_CANCEL = "order.cancel"  # a cancel request recorded on the order (or refused, or a no-op)
 #: The supervisor acting on one expired order: ``supervisor.retry``, ``supervisor.give_up``,
 #: ``supervisor.renudge`` (the verdict), ``supervisor.heal`` (closing a terminal order again).
 SPAN_SUPERVISOR_PREFIX = "supervisor."

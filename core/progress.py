@@ -124,6 +124,11 @@ def status_document(
         "last_error": state.last_error,
         "cause": state.cause,
         "waiting": waiting(state),
+        "cancel": None if state.cancel_requested_at is None else {
+            "requested_at": state.cancel_requested_at.isoformat(),
+            "reason": state.cancel_reason,
+            "by": state.cancelled_by,
+        },
         "reply_to": state.reply_to,
         "note": state.note,
         "created_at": state.created_at.isoformat(),

@@ -1,34 +1,43 @@
-"""The published JSON Schemas of an order message and of an order-event message:
-``python -m core.schema`` rewrites ``schemas/order.schema.json`` and
-``schemas/order-event.schema.json`` from the models; tests keep them equal."""
+"""The published JSON Schemas of the messages any client sends: ``python -m core.schema``
+rewrites ``schemas/order.schema.json``, ``schemas/order-event.schema.json`` and
+``schemas/cancel.schema.json`` from the models; tests keep them equal."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from core.models import OrderEvent, OrderRequest
+from pydantic import BaseModel
+
+from core.models import CancelRequest, OrderEvent, OrderRequest
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "order.schema.json"
 EVENT_SCHEMA_PATH = SCHEMA_PATH.with_name("order-event.schema.json")
+CANCEL_SCHEMA_PATH = SCHEMA_PATH.with_name("cancel.schema.json")
+
+
+def _schema(model: type[BaseModel], path: Path) -> dict:
+    schema = model.model_json_schema(mode="validation")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": path.name, **schema}
 
 
 def order_schema() -> dict:
-    schema = OrderRequest.model_json_schema(mode="validation")
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "order.schema.json", **schema}
+    return _schema(OrderRequest, SCHEMA_PATH)
 
 
-def render() -> str:
-    return json.dumps(order_schema(), indent=2, sort_keys=True) + "\n"
+def render(model: type[BaseModel] = OrderRequest, path: Path = SCHEMA_PATH) -> str:
+    return json.dumps(_schema(model, path), indent=2, sort_keys=True) + "\n"
 
 
 def render_event() -> str:
-    schema = OrderEvent.model_json_schema(mode="validation")
-    document = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": EVENT_SCHEMA_PATH.name, **schema}
-    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+    return render(OrderEvent, EVENT_SCHEMA_PATH)
+
+
+#: Each published schema: its model and its file.
+PUBLISHED = ((OrderRequest, SCHEMA_PATH), (OrderEvent, EVENT_SCHEMA_PATH), (CancelRequest, CANCEL_SCHEMA_PATH))
 
 
 if __name__ == "__main__":
-    SCHEMA_PATH.write_text(render(), encoding="utf-8")
-    EVENT_SCHEMA_PATH.write_text(render_event(), encoding="utf-8")
-    print(f"wrote {SCHEMA_PATH.name}, {EVENT_SCHEMA_PATH.name}")
+    for model, path in PUBLISHED:
+        path.write_text(render(model, path), encoding="utf-8")
+        print(f"wrote {path.name}")

@@ -172,6 +172,7 @@ var deploymentContainerName = 'app-package-${take(functionAppName, 32)}-${take(r
 // The app's queue and table names: the defaults in core/names.py.
 var ordersQueueName = 'orders'
 var orderEventsQueueName = 'order-events'
+var cancellationsQueueName = 'order-cancellations'
 var agentResponsesQueueName = 'agent-responses'
 var alertsQueueName = 'alerts'
 var schedulerQueueName = 'scheduler'
@@ -270,6 +271,22 @@ var serviceBusQueues = concat([
     // dead-lettered, and a resend with the same MessageId (the order id, the event name
     // and a hash of the body: README, "Sending order events") is dropped.
     name: orderEventsQueueName
+    properties: {
+      lockDuration: 'PT1M'
+      maxDeliveryCount: 10
+      defaultMessageTimeToLive: 'P14D'
+      deadLetteringOnMessageExpiration: true
+      requiresDuplicateDetection: true
+      duplicateDetectionHistoryTimeWindow: 'P1D'
+    }
+  }
+  {
+    // Cancel requests from any client (README, "Cancelling an order"), kept like orders:
+    // an invalid one is rejected into the rejections table at its first delivery; one
+    // that keeps failing (storage down) dead-letters after 10 tries, as does one nobody
+    // read in time. MessageId 'cancel:<order id>': a client's resend within the day is
+    // dropped here, and the app's cancel is idempotent after that.
+    name: cancellationsQueueName
     properties: {
       lockDuration: 'PT1M'
       maxDeliveryCount: 10
@@ -454,6 +471,7 @@ module functionApp 'app/function-app.bicep' = {
       // Queue and table names, read by bindings as %SETTING% and by the app.
       ORDERS_QUEUE: ordersQueueName
       ORDER_EVENTS_QUEUE: orderEventsQueueName
+      CANCELLATIONS_QUEUE: cancellationsQueueName
       AGENT_RESPONSES_QUEUE: agentResponsesQueueName
       ALERTS_QUEUE: alertsQueueName
       SCHEDULER_QUEUE: schedulerQueueName

@@ -1,4 +1,5 @@
-"""Commands: send-order, watch-status, status, list, errors, alerts, dead-letters, rejections, resubmit, backfill-customers, stamp, approve, reject.
+"""Commands: send-order, watch-status, status, list, errors, alerts, dead-letters, rejections, resubmit, cancel,
+backfill-customers, stamp, approve, reject.
 
 Exit codes: 0 success, 1 a clear failure (not found, refused, invalid), 2 usage.
 """
@@ -214,6 +215,7 @@ def status(
         ("undone because", state.cause or "-"),
         ("waiting for", f"{document['waiting']['event']} until {document['waiting']['until']}"
          if document["waiting"] else "-"),
+        ("cancel", _cancel_row(document["cancel"])),
         ("reply to", state.reply_to or "-"),
         ("note", state.note or "-"),
         ("created / updated", f"{state.created_at.isoformat()} / {state.updated_at.isoformat()}"),
@@ -230,6 +232,12 @@ def status(
         lines.add_row(line["step"], line["kind"], line["action"] or "-", line["state"],
                       str(line["attempt"] or "-"), str(line["failure_count"]), detail[:48])
     out.print(lines)
+
+
+def _cancel_row(cancel: dict | None) -> str:
+    if cancel is None:
+        return "-"
+    return f"requested {cancel['requested_at']} by {cancel['by'] or '-'}: {cancel['reason'] or 'no reason given'}"
 
 
 @app.command("list")
@@ -444,6 +452,8 @@ def stamp(
     for order_id in order_ids:
         index, namespace = stamp_for(order_id, listed)
         out.print(f"{order_id}  stamp {index}  {namespace}")
+
+
 By = Annotated[str | None, typer.Option(help="Who decides (default: your user name).")]
 Note = Annotated[str | None, typer.Option(help="Why, for the order's record.")]
 Event = Annotated[str, typer.Option(help="The event the order's waiting step waits for.")]
@@ -475,6 +485,39 @@ def reject(order_id: Waiting, by: By = None, note: Note = None, event: Event = "
            settings: SettingsFile = None) -> None:
     """Reject an order's waiting step (a message on order-events): the steps before it are undone."""
     _send_event(order_id, False, by, note, event, settings)
+
+
+@app.command()
+def cancel(
+    order_id: Annotated[str, typer.Argument(help="An order that has not ended.")],
+    reason: Annotated[str | None, typer.Option("--reason", help="Why (kept on the order, in its cause).")] = None,
+    settings: SettingsFile = None,
+) -> None:
+    """Cancel an order: the step in flight settles, then every step applied (or whose
+    outcome is unknown) is undone, newest first; the order ends Compensated. A no-op for
+    an order cancelled before or Compensated; refused (exit 1) once Processed or in Error."""
+    from adapters.store import OrderNotFound
+    from core.lifecycle import CancelVerdict
+    from core.models import CancelRequest
+    from scheduler.cancellation import NotCancellable
+    from scheduler.cancellation import cancel as do_cancel
+
+    try:
+        request = CancelRequest(order_id=order_id, reason=reason)
+    except ValidationError as error:
+        raise fail(f"invalid cancel: {explain(error)}") from error
+    ctx = _context(settings)
+    s = ctx.services
+    try:
+        done = do_cancel(request.order_id, reason=request.reason, by=f"ordersctl ({os.environ.get('USER') or 'operator'})",
+                         store=s.store, publisher=s.publisher, nudger=s.nudger, now=utcnow())
+    except (OrderNotFound, NotCancellable) as error:
+        raise fail(str(error)) from error
+    if done.verdict is CancelVerdict.ALREADY:
+        out.print(f"order [bold]{order_id}[/bold]: nothing to do, {done.reason}")
+        return
+    out.print(f"order [bold]{order_id}[/bold] cancel recorded ({done.state.process_state.value}, step "
+              f"{done.state.step}): the step in flight settles, then the order is undone")
 
 
 def main() -> None:

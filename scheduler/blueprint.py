@@ -10,7 +10,7 @@ from adapters.wiring import Services, parse_or_drop, services
 from core import claims, names
 from core.models import AgentResponse, Nudge, utcnow
 from core.workflow import CURRENT
-from scheduler import dispatch, events, submission
+from scheduler import cancellation, dispatch, events, submission
 
 bp = func.Blueprint()
 
@@ -131,4 +131,19 @@ def receive_order_event(msg: func.ServiceBusMessage) -> None:
     events.receive_message(
         msg.get_body(), message_id=msg.message_id, content_type=msg.content_type, scheduler=scheduler(s),
         rejections=s.rejections, now=utcnow(),
+    )
+
+
+@bp.function_name("cancel_order")
+@bp.service_bus_queue_trigger(
+    arg_name="msg", queue_name=f"%{names.CANCELLATIONS_QUEUE_SETTING}%", connection=names.SERVICEBUS_CONNECTION,
+    data_type=func.DataType.BINARY,
+)
+def cancel_order(msg: func.ServiceBusMessage) -> None:
+    # A client's request, as for orders: one that cannot be acted on is kept in rejections
+    # with its reason and completes (scheduler/cancellation.py); storage down raises (redelivered).
+    s = services()
+    cancellation.cancel_message(
+        msg.get_body(), message_id=msg.message_id, content_type=msg.content_type, store=s.store,
+        rejections=s.rejections, publisher=s.publisher, nudger=s.nudger, now=utcnow(),
     )

@@ -38,6 +38,7 @@ from core.models import (
     AgentRequest,
     AgentResponse,
     Context,
+    LineRecord,
     Nudge,
     OrderState,
     Outcome,
@@ -81,13 +82,19 @@ def schedule(nudge: Nudge, *, scheduler: Scheduler, now: datetime) -> AgentReque
         return first
     written = _apply(
         scheduler.store, nudge, now,
-        lambda s, wf: lifecycle.claim(s, wf, scheduler.instance, now, scheduler.defaults),
+        lambda s, wf, ended: lifecycle.claim(s, wf, scheduler.instance, now, scheduler.defaults, ended),
     )
     if written is None:
         log.info("order %s not claimed by %s: unknown, not Pending or claimed elsewhere", nudge.order_id, scheduler.instance)
         telemetry.annotate(outcome="not_claimed")
         return None
     state, transition, read = written
+    if transition.nudge_delay is not None:
+        # A cancelled line that was postponed waits out its postponed attempt (lifecycle.claim).
+        log.info("order %s: cancel waits %.0f s for %s %s: %s", state.order_id,
+                 transition.nudge_delay.total_seconds(), state.kind.value, state.step, state.last_error)
+        scheduler.nudger.nudge(Nudge(order_id=state.order_id, state=state), delay=transition.nudge_delay)
+        return None
     return _carry_out(scheduler, state, transition, json.loads(read.document), read.results(), now)
 
 
@@ -96,7 +103,7 @@ def record(response: AgentResponse, *, scheduler: Scheduler, now: datetime) -> O
     (fencing), and start what comes next; a duplicate or stale response changes
     nothing and returns None."""
 
-    def decide(state: OrderState, definition: Workflow) -> Transition | None:
+    def decide(state: OrderState, definition: Workflow, _ended) -> Transition | None:
         if response.outcome is Outcome.POSTPONED:
             return lifecycle.postpone(state, response, now, scheduler.pending_timeout, scheduler.max_postponements)
         return lifecycle.complete(state, response, definition, scheduler.instance, now, scheduler.defaults)
@@ -179,31 +186,44 @@ def trace_parent_of(message: Nudge | AgentResponse) -> telemetry.TraceContext | 
 
 def _apply(
     store: StateStore, message: Nudge | AgentResponse, now: datetime,
-    decide: Callable[[OrderState, Workflow], Transition | None],
+    decide: Callable[[OrderState, Workflow, tuple[LineRecord, ...]], Transition | None],
 ) -> tuple[OrderState, Transition, OrderRecord] | None:
     """Read the order (one partition query), decide on its state row and write the
     transition (If-Match on the ETag just read), on the definition the order started on.
-    None when there is nothing to do: an unknown order, a decision of no change, a write
-    that lost the race (someone else decided on the row), or a forged message.
+    None when there is nothing to do: an unknown order, a decision of no change, or a
+    forged message. A write that lost the race (412: someone else moved the row) is
+    decided again on the row as it now is, up to :data:`DECISIONS` times: a move that
+    ended the line (a reset, another scheduler) makes the message stale, while one that
+    left it in flight (a cancel recorded meanwhile) lets the response still count.
     """
     order_id = message.order_id
     claimed = message.state if isinstance(message, Nudge) else message.context.fence
-    try:
-        read = store.read(order_id)
-    except OrderNotFound:
-        return None
-    state = read.state
-    if forged(claimed, state):
-        log.error("order %s: a message claims the row's current ETag with other contents: dropped as forged", order_id)
-        telemetry.message_dropped("nudge" if isinstance(message, Nudge) else "agent_response", names.DROP_FORGED)
-        return None
-    transition = _on_definition(state, now, decide)
-    if transition is None:
-        return None
-    try:
-        return store.write(state, transition.state, transition.lines), transition, read
-    except (ConcurrencyConflict, OrderNotFound):
-        return None
+    for _ in range(DECISIONS):
+        try:
+            read = store.read(order_id)
+        except OrderNotFound:
+            return None
+        state = read.state
+        if forged(claimed, state):
+            log.error("order %s: a message claims the row's current ETag with other contents: dropped as forged",
+                      order_id)
+            telemetry.message_dropped("nudge" if isinstance(message, Nudge) else "agent_response", names.DROP_FORGED)
+            return None
+        transition = _on_definition(state, now, lambda s, wf: decide(s, wf, read.lines))
+        if transition is None:
+            return None
+        try:
+            return store.write(state, transition.state, transition.lines), transition, read
+        except OrderNotFound:
+            return None
+        except ConcurrencyConflict:
+            continue
+    return None
+
+
+#: Reads and decisions of one message when its writes keep losing the race (each loss is
+#: another write to the order's row; past this, the message is dropped as stale would be).
+DECISIONS = 3
 
 
 def forged(claimed: OrderState | None, state: OrderState) -> bool:
@@ -219,6 +239,7 @@ def forged(claimed: OrderState | None, state: OrderState) -> bool:
 _DECIDING = (
     "order_id", "process_state", "attempt", "failure_count", "workflow", "workflow_version", "step_index", "kind",
     "step", "plan", "failed", "gave_up", "max_failures", "postponements", "reply_to", "locked_by",
+    "cancel_reason", "cancelled_by",
 )
 
 

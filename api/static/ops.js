@@ -47,7 +47,7 @@
   async function loadMe() {
     me = await api("/ops/me");
     const roles = me.auth === "none" ? "no sign-in (local)" : (me.roles.join(", ") || "no app role");
-    $("#who").textContent = `${me.name || "you"}: ${roles}${me.can_operate ? " — may resubmit" : " — read only"}`;
+    $("#who").textContent = `${me.name || "you"}: ${roles}${me.can_operate ? " — may resubmit and cancel" : " — read only"}`;
     $("#who").dataset.canOperate = String(me.can_operate);
   }
 
@@ -136,6 +136,42 @@
     }
   }
 
+  // A cancel (POST /api/orders/{id}/cancel): offered to an operator for an order that has not ended.
+  const ENDED = ["Processed", "Compensated", "Error"];
+
+  function drawCancel(doc) {
+    const note = $("#timeline-cancelled");
+    const c = doc.cancel;
+    note.textContent = c ? `cancel requested ${time(c.requested_at)} by ${c.by || "?"}: ${c.reason || "no reason given"}` : "";
+    note.hidden = !c;
+    $("#cancel-form").hidden = !(me.can_operate && !c && !ENDED.includes(doc.state));
+  }
+
+  async function cancelShown(event) {
+    event.preventDefault();
+    const orderId = $("#timeline").dataset.orderId;
+    const button = $("#cancel-order");
+    const reason = $("#cancel-reason").value.trim();
+    button.disabled = true;
+    button.textContent = "cancelling…";
+    try {
+      const doc = await api(`/orders/${encodeURIComponent(orderId)}/cancel`, {
+        method: "POST",
+        headers: { Accept: "application/json", "Content-Type": "application/json" },
+        body: JSON.stringify(reason ? { reason } : {}),
+      });
+      $("#cancel-reason").value = "";
+      drawCancel(doc);
+      problem("");
+      await refresh(); // redraws the timeline too
+    } catch (error) {
+      problem(`cancel ${orderId}: ${error.message}`);
+    } finally {
+      button.disabled = false;
+      button.textContent = "cancel this order";
+    }
+  }
+
   // --- one order's timeline ----------------------------------------------------------------
 
   function lineKey(step, kind) { return `${step}/${kind}`; }
@@ -191,6 +227,7 @@
     const state = $("#timeline-state");
     state.textContent = doc.state;
     state.className = `state state-${doc.state}`;
+    drawCancel(doc);
     $("#timeline-summary").textContent = spans.length
       ? `${spans.length} spans in ${trace.trace_ids.length} trace(s); ${s.calls} calls to remote services; ` +
         `${s.retries} supervisor retries, ${s.giveUps} give-ups; ${s.compensations} compensation attempts; ` +
@@ -313,6 +350,7 @@
     });
     $("#approve").addEventListener("click", () => decide(true));
     $("#reject").addEventListener("click", () => decide(false));
+    $("#cancel-form").addEventListener("submit", cancelShown);
     $("#hours").addEventListener("change", () => { if (chart) { chart.destroy(); chart = null; } refresh(); });
     try {
       await loadMe();

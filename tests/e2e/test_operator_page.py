@@ -4,7 +4,7 @@ downloaded by the driver) loads ``/api/ops`` from a local host running the real
 function_app.py, after orders ran through the whole local stack: it shows the counts per
 state, the orders in Error and in Compensated, one order's timeline drawn from its trace
 (steps, attempts, calls, hosts), and a resubmit of the Error order, once its cause is
-fixed, moves it on. Screenshots are kept as test artefacts (the folder is printed).
+fixed, moves it on; an order still in flight is cancelled from its timeline. Screenshots are kept as test artefacts (the folder is printed).
 """
 
 from __future__ import annotations
@@ -138,9 +138,11 @@ class Page:
 def test_the_operator_page_in_a_browser(stack, browser):
     # o-p1, o-p2: Processed. o-c: shipping refuses, the charge is refunded and the stock
     # released: Compensated. o-e: as o-c, but inventory refuses the release: Error.
+    # o-w (sent last): its charge keeps failing, so it stays in flight until it is cancelled.
     stack.remote.set_faults(script={"o-c/ship": ["permanent"], "o-e/ship": ["permanent"],
-                                    "o-e/release": ["permanent"]})
-    (host,) = stack.start_hosts(API_AUTH="none")
+                                    "o-e/release": ["permanent"], "o-w/charge": ["always:transient"]})
+    # Room for o-w's failing charge (10 attempts); no other order here fails by timing out.
+    (host,) = stack.start_hosts(API_AUTH="none", MAX_FAILURES="10")
     ids = ["o-p1", "o-p2", "o-c", "o-e"]
     stack.send([(order_id, order_json(order_id)) for order_id in ids])
     states = stack.wait_closed(ids, timeout=60)
@@ -216,5 +218,22 @@ def test_the_operator_page_in_a_browser(stack, browser):
     assert re.search(r"\d+ spans in 1 trace", page.read(lambda: browser.find_element(By.ID, "timeline-summary").text))
     assert stack.wait_closed(["o-e"], timeout=30)["o-e"].process_state is ProcessState.COMPENSATED
     page.screenshot("after-resubmit")
+    assert page.read(lambda: browser.find_element(By.ID, "problem").text) == ""
+    assert not page.read(lambda: browser.find_element(By.ID, "cancel-form").is_displayed())  # o-e has ended
+
+    # An order in flight: the operator cancels it from its timeline, with a reason.
+    stack.send([("o-w", order_json("o-w"))])
+    stack.capture("o-w", "charge")
+    page.open_timeline("o-w")
+    page.until(lambda: browser.find_element(By.ID, "cancel-form").is_displayed(), "o-w's cancel button")
+    browser.find_element(By.ID, "cancel-reason").send_keys("customer called")
+    page.click(lambda: browser.find_element(By.ID, "cancel-order"), "o-w's cancel button")
+    page.until(lambda: "customer called" in browser.find_element(By.ID, "timeline-cancelled").text
+               and not browser.find_element(By.ID, "cancel-form").is_displayed(), "o-w's cancel shown")
+    cancelled = stack.wait_closed(["o-w"], timeout=60)["o-w"]
+    assert cancelled.process_state is ProcessState.COMPENSATED and "customer called" in cancelled.cause
+    page.until(lambda: "o-w" in page.listed("compensated-orders")
+               and "Compensated" in browser.find_element(By.ID, "timeline-state").text, "o-w Compensated")
+    page.screenshot("after-cancel")
     assert page.read(lambda: browser.find_element(By.ID, "problem").text) == ""
     stack.assert_remote_clean()

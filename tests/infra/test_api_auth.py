@@ -16,7 +16,7 @@ from tests.infra.conftest import DEPLOY_PARAMS, MAIN, app_settings_of
 CONFIG = "Microsoft.Web/sites/config"
 #: Error orders by cause (api/search.py): the same API under /api/errors.
 ERRORS_FUNCTIONS = {"list_errors", "get_error_group", "resubmit_error_group"}
-API_FUNCTIONS = {"get_order", "list_orders", "resubmit_order", "get_order_trace", "post_order_event"}
+API_FUNCTIONS = {"get_order", "list_orders", "resubmit_order", "cancel_order_api", "get_order_trace", "post_order_event"}
 #: The operator page (api/ops.py): behind the same Easy Auth, with the same roles.
 PAGE_FUNCTIONS = {"ops_page", "ops_asset", "ops_me", "ops_counts"}
 

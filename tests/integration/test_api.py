@@ -70,8 +70,8 @@ def error_order(order_id: str) -> OrderState:
 def api(app_settings, funchost):
     """Start a host with the API functions only, with API_AUTH as asked; its base URL."""
 
-    def start(mode: str = "none") -> str:
-        (host,) = funchost.start(env={names.API_AUTH_SETTING: mode}, functions=API_FUNCTIONS)
+    def start(mode: str = "none", functions: tuple[str, ...] = API_FUNCTIONS) -> str:
+        (host,) = funchost.start(env={names.API_AUTH_SETTING: mode}, functions=functions)
         return f"{host.http_url}/api"
 
     return start

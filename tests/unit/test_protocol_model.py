@@ -1,9 +1,9 @@
 """The protocol, model-checked: a Hypothesis state machine explores interleavings of
 submissions, two competing schedulers, agents, two overlapping supervisors, crashes,
 lost, duplicated, delayed and stale messages, a breaker opening and closing, the clock,
-and an operator's resubmits, over the REAL code: ``scheduler.submission.submit``,
+an operator's resubmits and cancels, over the REAL code: ``scheduler.submission.submit``,
 ``scheduler.dispatch.schedule`` / ``record``, ``supervisor.supervision.sweep`` /
-``resubmit``, ``agents.agent.run`` and ``adapters.store.StateStore`` over the in-memory
+``resubmit``, ``scheduler.cancellation.cancel``, ``agents.agent.run`` and ``adapters.store.StateStore`` over the in-memory
 ETag-enforcing table (tests/memtable.py). Only the edges are the model's: the network
 (a bag of messages any of which may be taken next), the clock, and the remote services
 (a ledger per service that applies an action or a compensation at most once per
@@ -64,7 +64,7 @@ from core.models import (
 )
 from core.workflow import CURRENT, Kind, StepPolicy, remotes
 from devtools.orders import order_dict
-from scheduler import dispatch, submission
+from scheduler import cancellation, dispatch, submission
 from supervisor import supervision
 from tests.memtable import MemoryTable
 
@@ -448,6 +448,10 @@ class ProtocolModel(RuleBasedStateMachine):
         )
         if request.kind is Kind.ACTION:
             self.actions_sent.add((request.order_id, request.step))
+            # Handlers are atomic here: the row now is the claim this request is sent for.
+            assert not self.rows(request.order_id)["state"].get("CancelRequestedAt"), (
+                f"{request.order_id}: action {request.step} claimed and sent after the order's cancel was recorded"
+            )
         self.net.put(Message(Channel.REQUEST, request, now, expires_at=request.complete_by))
         self.counts["requests"] += 1
 
@@ -758,6 +762,28 @@ class ProtocolModel(RuleBasedStateMachine):
         self.counts["resubmits"] += 1
         self.say(f"{self.now:%H:%M:%S} operator resubmits {order_id}{': crashed' if crashed else ''}")
 
+    @rule(order_id=orders, crash_after=CRASH_AFTER)
+    def cancel(self, order_id, crash_after):
+        """A client or an operator cancels an order: recorded on its row unless it ended
+        Processed or in Error (refused), or was cancelled or Compensated before (a no-op)."""
+
+        def handle():
+            try:
+                return cancellation.cancel(
+                    order_id, reason="asked", by="model", store=self.store, publisher=self.publisher,
+                    nudger=self.nudger, now=self.now,
+                ).verdict.value
+            except cancellation.NotCancellable:
+                return "refused"
+            except Exception as error:  # noqa: BLE001 - not written yet
+                if type(error).__name__ != "OrderNotFound":
+                    raise
+                return "unknown order"
+
+        crashed, verdict = self.run("cancel", handle, crash_after)
+        self.counts[f"cancels {verdict or 'crashed'}"] += 1
+        self.say(f"{self.now:%H:%M:%S} cancel {order_id}: {verdict or 'crashed'}")
+
     # -- invariants ---------------------------------------------------------------------
 
     def written(self) -> list[OrderState]:
@@ -781,6 +807,14 @@ class ProtocolModel(RuleBasedStateMachine):
         self.every_state_row_is_legal(partitions)
         self.at_most_one_unfenced_request_per_order([state for state, _ in partitions])
         self.nothing_applied_twice()
+        self.a_cancelled_order_never_ends_processed([state for state, _ in partitions])
+
+    def a_cancelled_order_never_ends_processed(self, states) -> None:
+        # A cancel is refused once Processed, and no action starts after it (sent_request).
+        for state in states:
+            assert not (state.cancel_requested_at and state.process_state is ProcessState.PROCESSED), (
+                f"{state.order_id}: Processed after its cancel was recorded"
+            )
 
     def every_state_row_is_legal(self, partitions) -> None:
         indexed = {order_id for order_id, *_ in self.store.active_ids()}
@@ -1025,7 +1059,8 @@ def test_the_protocol_keeps_its_invariants_and_ends_every_order_within_the_bound
         logging.disable(logging.NOTSET)
     report_figure(
         f"protocol model: {STATS['runs']} runs; {STATS['requests']} agent requests, {STATS['crashes']} crashes, "
-        f"{STATS['stale responses']} stale responses, {STATS['resubmits']} resubmits, {STATS['lookups']} lookups; "
+        f"{STATS['stale responses']} stale responses, {STATS['resubmits']} resubmits, {STATS['lookups']} lookups, "
+        f"{STATS['cancels recorded']} cancels recorded ({STATS['cancels refused']} refused); "
         f"ended Processed {STATS['Processed']}, Compensated {STATS['Compensated']}, Error {STATS['Error']}; "
         f"slowest order after the faults stopped: {WORST['ratio']:.0%} of its bound"
     )
@@ -1133,3 +1168,42 @@ def test_an_undo_given_up_while_postponed_lets_no_earlier_undo_run_before_it_can
         m.supervise(who=SUPERVISORS[0], crash_after=0)  # refund: failure 1 of 2
         postpone_until_spent(m, "o-1", "payments", Kind.COMPENSATION)  # refund's failures spent
         undo_first_then_everything(m, "reserve")
+
+
+def test_a_line_cancelled_while_postponed_is_not_undone_while_its_request_may_still_run():
+    """Charge is postponed (its remote down for everyone), its request to be delivered
+    again (at least once); then the order is cancelled. The undo of charge must wait until
+    that request can no longer act, or the charge lands after its refund (applied and
+    never undone, in a Compensated order); and no forward step starts after the cancel."""
+    with scripted() as m:
+        m.new_order()
+        m.submit(pick=0, crash_after=0)
+        m.schedule(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # reserve claimed
+        answer(m)  # reserve done, charge claimed
+        m.breaker(remote="payments", is_open=True)
+        m.remote_answers(pick=0, again=True, crash_after=0)  # postponed; the request is delivered again later
+        m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
+        m.breaker(remote="payments", is_open=False)
+        m.cancel(order_id="o-1", crash_after=0)
+        while m.net.visible(Channel.NUDGE):
+            m.schedule(pick=0, instance=SCHEDULERS[1], again=False, crash_after=0)
+        assert not [r for r in m.net.visible(Channel.REQUEST) if r.body.kind is Kind.COMPENSATION]
+        undo_first_then_everything(m, "charge")
+        state = m.state("o-1")
+        assert state.process_state is ProcessState.COMPENSATED and "cancelled by model" in state.cause
+
+
+def test_a_cancel_during_an_undo_changes_nothing_of_it():
+    with scripted() as m:
+        m.new_order()
+        m.submit(pick=0, crash_after=0)
+        m.schedule(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
+        answer(m)
+        answer(m, m.remote_refuses)  # charge refused: release claimed
+        m.cancel(order_id="o-1", crash_after=0)
+        m.cancel(order_id="o-1", crash_after=0)  # twice: a no-op
+        answer(m)
+        m.settle()
+        state = m.state("o-1")
+        assert state.process_state is ProcessState.COMPENSATED and state.cause.startswith("step charge refused")
+        assert m.counts["cancels recorded"] == 1 and m.counts["cancels already"] == 1
