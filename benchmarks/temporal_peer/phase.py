@@ -170,10 +170,12 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
         verdict = "" if met is None else ("PASS" if met else "MISS")
         rows.append([label, a, b, ratio, target or "", verdict])
 
+    def hosts_vs_workers(n: int) -> str:
+        return f"{n} host{'s' if n > 1 else ''} vs {n} worker process{'es' if n > 1 else ''}"
+
     for processes in plan.peer_processes:
-        what = "1 host vs 1 worker process" if processes == 1 else f"{processes} hosts vs {processes} worker processes"
         one = processes == 1
-        compare(f"orders_per_s.{processes}", f"orders/s at saturation, {what}",
+        compare(f"orders_per_s.{processes}", f"orders/s at saturation, {hosts_vs_workers(processes)}",
                 ours.runs[processes].per_second, theirs.runs[processes].per_second, "orders/s",
                 *((f"≥ {TARGET_THROUGHPUT:g}", lambda r: r >= TARGET_THROUGHPUT) if one else ()))
     light = f"at light load ({plan.latency_rate:g} orders/s, both)"
@@ -182,11 +184,11 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
     compare("p95", f"p95 send → done {light}", ours.light.percentile(95), theirs.light.percentile(95), "s")
     for processes in plan.peer_processes:
         one = processes == 1
-        compare(f"cpu_app_ms.{processes}", f"CPU per order, app side ({processes} host process(es) vs "
-                f"{processes} worker process(es))", ours.cpu_ms(processes, app=True), theirs.cpu_ms(processes, app=True),
+        compare(f"cpu_app_ms.{processes}", f"CPU per order, app side, {hosts_vs_workers(processes)}",
+                ours.cpu_ms(processes, app=True), theirs.cpu_ms(processes, app=True),
                 "ms", *((f"≤ {TARGET_CPU:g}", lambda r: r <= TARGET_CPU) if one else ()))
-        compare(f"cpu_infra_ms.{processes}", f"CPU per order, infrastructure (Azurite + Service Bus emulator vs "
-                f"Temporal server; {processes} process(es) each)", ours.cpu_ms(processes, app=False),
+        compare(f"cpu_infra_ms.{processes}", "CPU per order, infrastructure (Azurite + Service Bus emulator vs "
+                f"Temporal server), {hosts_vs_workers(processes)}", ours.cpu_ms(processes, app=False),
                 theirs.cpu_ms(processes, app=False), "ms")
     section.table("side by side (ratio: this stack / Temporal)",
                   ["figure", STACK, TEMPORAL, "ratio", "target", "PASS / MISS"], rows,
@@ -233,8 +235,19 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
           f"{SAGA_STEPS[0].policy.retry.maximum_interval.total_seconds():g} s, "
           f"{SAGA_STEPS[0].policy.retry.maximum_attempts} attempts, refusals non-retryable"]],
     )
-    section.intro = (__doc__.split("\n\n", 1)[1].strip() + f" Machine: {os.cpu_count()} cores; the sides run one "
-                     "after the other, never at once.")
+    counts = " and ".join(hosts_vs_workers(n) for n in plan.peer_processes)
+    section.intro = (
+        "Both sides run the same saga (`core.workflow.CURRENT`: reserve/release, charge/refund, ship) against the "
+        "same fake remote service (every service, no faults, answering at once), with the same orders, one side "
+        f"after the other (never at once) on this machine ({os.cpu_count()} cores): {plan.warm_up_orders} warm-up "
+        f"orders; a light load of {plan.latency_rate:g} orders/s for {plan.peer_latency_seconds:g} s on one process "
+        f"(p50 and p95 from the send to the order done); then {plan.peer_orders} orders sent at once with {counts} "
+        "(orders/s from the first send to the last order done; the CPU of every process over the run, from /proc, "
+        "per order done). Done is the Processed row's commit (its Table Timestamp, Azurite's clock) for this stack "
+        "and the workflow's close time (the server's clock) for Temporal. CPU per order, app side: the host "
+        "processes against the worker processes; infrastructure: Azurite + the Service Bus emulator against the "
+        "Temporal server. How to run it and the settings: docs/benchmarks.md."
+    )
 
 
 def run(section: Section, plan, *, app_stack: Callable[[], AbstractContextManager[BenchStack]], log_dir: Path,
