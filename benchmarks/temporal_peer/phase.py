@@ -30,7 +30,8 @@ from temporalio.client import Client
 
 from benchmarks import pipeline
 from benchmarks.pipeline import RunResult
-from benchmarks.report import Section
+from benchmarks.procstat import OtherLoad
+from benchmarks.report import Section, format_value
 from benchmarks.stack import BenchStack, OrderSender
 from benchmarks.temporal_peer import bench
 from benchmarks.temporal_peer.saga import STEPS as SAGA_STEPS
@@ -53,6 +54,8 @@ class Side:
     app_prefix: str
     light: RunResult | None = None
     runs: dict[int, RunResult] = field(default_factory=dict)
+    #: Cores that processes other than the benchmark's kept busy during this side's runs.
+    other_cores: float | None = None
 
     def cpu_ms(self, processes: int, *, app: bool) -> float | None:
         """CPU per order done (ms) of the app side's processes, or of the infrastructure's."""
@@ -135,6 +138,8 @@ def measure(driver: StackDriver | TemporalDriver, plan, counter) -> Side:
     """One side's runs, the same for both: warm-up, the light load on one process, then a
     saturation run per process count (processes added, and warmed up, as needed)."""
     side = Side(driver.name, app_prefix=driver.unit)
+    other = OtherLoad()
+    other.start()
     try:
         driver.warm_up("peer-warm1-", plan.warm_up_orders)
         count = max(1, int(plan.latency_rate * plan.peer_latency_seconds))
@@ -154,6 +159,7 @@ def measure(driver: StackDriver | TemporalDriver, plan, counter) -> Side:
             )
     finally:
         driver.close()
+    side.other_cores = other.stop()
     return side
 
 
@@ -194,7 +200,10 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
                   ["figure", STACK, TEMPORAL, "ratio", "target", "PASS / MISS"], rows,
                   note="Targets (issue 21), printed here, not asserted by tests: orders/s of 1 host ≥ 1.0 × "
                   "Temporal's 1 worker; app-side CPU per order ≤ Temporal worker's; p50 at light load ≤ 0.5 × "
-                  "Temporal's.")
+                  "Temporal's. Other processes on the machine kept "
+                  + " and ".join(f"{format_value(side.other_cores)} cores busy during {side.name}'s runs"
+                                 for side in (ours, theirs))
+                  + " (the machine is shared: timings under other load are pessimistic; CPU per order much less so).")
     detail = []
     for side in (ours, theirs):
         for processes, run in side.runs.items():
