@@ -46,7 +46,7 @@ class RemoteActivities:
     @activity.defn(name=ACTIVITY)
     async def call_remote(self, call: RemoteCall) -> dict[str, Any]:
         info = activity.info()
-        deadline = info.current_attempt_scheduled_time + info.start_to_close_timeout
+        deadline = info.started_time + info.start_to_close_timeout  # this attempt's own deadline
         if info.schedule_to_close_timeout:
             deadline = min(deadline, info.scheduled_time + info.schedule_to_close_timeout)
         left = (deadline - datetime.now(UTC)).total_seconds()
