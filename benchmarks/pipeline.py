@@ -95,6 +95,23 @@ def in_flight(store: StateStore, prefix: str) -> int:
     return len(store.active_ids(id_prefix=prefix))
 
 
+def wait_applied(remote, count: int, effects_before: int, *, deadline: float, interval: float = 0.25,
+                 progress=None) -> bool:
+    """Until the fake remote (``remote``) has applied every step of ``count`` orders (its
+    in-process counter: free); False at ``deadline`` (monotonic). Any engine's runs wait
+    with it (the Temporal peer's too)."""
+    steps = count * STEPS
+    while True:
+        done = remote.effects()["total"] - effects_before
+        if progress is not None:
+            progress(min(done, steps))
+        if done >= steps:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+
+
 def wait_done(stack: BenchStack, store: StateStore, prefix: str, count: int, effects_before: int, *, timeout: float,
               interval: float = 0.25, progress=None) -> bool:
     """Until every order of the run is finished (every step's remote effect applied, then
@@ -102,16 +119,8 @@ def wait_done(stack: BenchStack, store: StateStore, prefix: str, count: int, eff
     index partition only at the end, so the poll costs the stack next to nothing.
     ``progress`` is called with the steps done so far (of ``count`` x :data:`STEPS`)."""
     deadline = time.monotonic() + timeout
-    steps = count * STEPS
-    while True:
-        done = stack.remote.effects()["total"] - effects_before
-        if progress is not None:
-            progress(min(done, steps))
-        if done >= steps:
-            break
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
+    if not wait_applied(stack.remote, count, effects_before, deadline=deadline, interval=interval, progress=progress):
+        return False
     while in_flight(store, prefix):
         if time.monotonic() > deadline:
             return False
@@ -137,25 +146,29 @@ def processed_at(state: OrderState) -> float:
 
 def _finish(result: RunResult, store: StateStore, prefix: str, sent: dict[str, float], first_send: float) -> None:
     rows = state_rows(store, prefix)
-    last = first_send
-    done_at: list[float] = []
+    done: dict[str, float] = {}
     for order_id, at in sent.items():
         row = rows.get(order_id)
         if row is None:
             continue
         if row.process_state is ProcessState.PROCESSED:
-            result.processed += 1
-            done = processed_at(row)
-            last = max(last, done)
-            done_at.append(done)
-            result.latencies.append(done - at)
+            done[order_id] = processed_at(row)
             result.to_created.append(row.created_at.timestamp() - at)
         elif row.process_state is ProcessState.ERROR:
             result.errors += 1
-    result.latencies.sort()
     result.to_created.sort()
-    result.seconds = last - first_send
-    done_at.sort()
+    completions(result, sent, done, first_send)
+
+
+def completions(result: RunResult, sent: dict[str, float], done: dict[str, float], first_send: float) -> None:
+    """The run's figures from each order's send time and the time it was done (epoch s, this
+    machine's clock; ``done``: the orders done, of those ``sent``): orders done, latencies,
+    first send -> last done, and -> the 99th percentile of completions. Any engine's runs
+    are measured with it (the Temporal peer's too)."""
+    result.processed += len(done)
+    result.latencies = sorted(result.latencies + [at - sent[order_id] for order_id, at in done.items()])
+    result.seconds = max([first_send, *done.values()]) - first_send
+    done_at = sorted(done.values())
     needed = int(0.99 * result.orders + 0.999)
     if len(done_at) >= needed:
         result.seconds_99 = done_at[needed - 1] - first_send
@@ -250,6 +263,14 @@ def throughput(stack: BenchStack, sender: OrderSender, prefix: str, count: int, 
     return result
 
 
+def arrivals(count: int, rate: float):
+    """``count`` evenly spaced arrivals at ``rate`` per second, the first 0.1 s from now: yields
+    each one's index and how long to wait for it (0 when it is due), to be waited at once."""
+    start = time.monotonic() + 0.1
+    for i in range(count):
+        yield i, max(0.0, start + i / rate - time.monotonic())
+
+
 def steady(stack: BenchStack, sender: OrderSender, prefix: str, *, rate: float, seconds: float, timeout: float,
            progress=None) -> RunResult:
     """One order every 1/rate seconds for ``seconds``; latency of each, send -> Processed,
@@ -259,14 +280,10 @@ def steady(stack: BenchStack, sender: OrderSender, prefix: str, *, rate: float, 
     result = RunResult(count)
     effects_before = stack.remote.effects()["total"]
     sent: dict[str, float] = {}
-    start = time.monotonic() + 0.1
     first_send = time.time()
-    for i in range(count):
-        delay = start + i / rate - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        order_id = f"{prefix}{i:05d}"
-        sent.update(sender.send([order_id], start_index=i))
+    for i, wait in arrivals(count, rate):
+        time.sleep(wait)
+        sent.update(sender.send([f"{prefix}{i:05d}"], start_index=i))
         if progress is not None:
             progress(i + 1)
     wait_done(stack, store, prefix, count, effects_before, timeout=timeout)

@@ -10,7 +10,9 @@ Stacks (each started for the phases that need it, and stopped after them):
 - one app stack of its own per resilience phase (faults and hosts of its own, started
   there with the settings the phase needs): ``outage``, ``unknown``, ``concurrency``
   (the app's async agents, then the sync comparator on the same stack, or on a fresh
-  one if the async run left orders in flight).
+  one if the async run left orders in flight);
+- ``temporal``: an app stack of its own, stopped, then the Temporal peer's
+  (benchmarks/temporal_peer: its dev server, the fake remote, worker processes).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from core import names
 from core.workflow import remotes
 from devtools.paths import ROOT
 
-PHASES = ("ceiling", "sweep", "latency", "pipeline", "recovery", "idle", "ops", "outage", "unknown", "concurrency")
+PHASES = ("ceiling", "sweep", "latency", "pipeline", "recovery", "idle", "ops", "outage", "unknown", "concurrency",
+          "temporal")
 #: Each phase's section title in BENCHMARKS.md (a run of some phases keeps the others' by these).
 TITLES = {
     "ceiling": "Ceiling: raw operations",
@@ -53,9 +56,10 @@ TITLES = {
     "outage": "Outage of a remote service",
     "unknown": "Unknown outcomes: applied, answered too late",
     "concurrency": "Slow remotes with the worker's default pool",
+    "temporal": "This stack against Temporal on the same machine",
 }
 #: The order of the sections in BENCHMARKS.md.
-SECTION_ORDER = ("ceiling", "pipeline", "ops", "latency", "sweep", "recovery", "outage", "unknown", "concurrency",
+SECTION_ORDER = ("ceiling", "pipeline", "temporal", "ops", "latency", "sweep", "recovery", "outage", "unknown", "concurrency",
                  "idle")
 
 
@@ -106,6 +110,11 @@ class Plan:
     unknown_slow_seconds: float = 5.0
     unknown_hosts: int = 2
     unknown_timeout: float = 180.0
+    #: The Temporal peer (benchmarks/temporal_peer): orders sent at once per saturation run, with
+    #: these host / worker process counts; a light load at latency_rate for peer_latency_seconds.
+    peer_orders: int = 300
+    peer_processes: tuple[int, ...] = (1, 2)
+    peer_latency_seconds: float = 20.0
 
     @classmethod
     def quick(cls) -> Plan:
@@ -113,6 +122,7 @@ class Plan:
             serial_ops=40, parallel=(2, 2), parallel_ops=200, op_budget=3.0, study=((1, 1), (1, 4), (4, 1)),
             study_ops=120, transport_reads=80, sweep_history=(0, 1000), sweep_repeats=3, pipeline_orders=200,
             pipeline_timeout=90.0, latency_seconds=8.0, idle_seconds=20.0, ops_orders=50, recovery_trials=1,
+            peer_orders=100, peer_latency_seconds=8.0,
             **cls.quick_resilience(),
         )
 
@@ -205,7 +215,7 @@ class Runner:
                             self._phase("ops", self._ops, stack, sender, log)
                     finally:
                         sender.close()
-            for key in ("outage", "unknown", "concurrency"):  # each on stacks of its own
+            for key in ("outage", "unknown", "concurrency", "temporal"):  # each on stacks of its own
                 if key in wanted:
                     self._phase(key, getattr(self, f"_{key}"))
         self.report.machine["duration"] = f"{time.monotonic() - started:.0f} s"
@@ -931,6 +941,12 @@ class Runner:
             "other setting is the app's default. Target: at most 1.05 POSTs per action applied at the services "
             "that offer the lookup (inventory, payments); shipping, without it, for contrast."
         )
+
+    def _temporal(self, section: Section) -> None:
+        from benchmarks.temporal_peer import phase as temporal_peer  # temporalio: imported by this phase only
+
+        temporal_peer.run(section, self.plan, app_stack=lambda: self._stack("peer-app", hosts=1),
+                          log_dir=self.logs / "peer-temporal", counter=self._counter)
 
     def _concurrency(self, section: Section) -> None:
         plan = self.plan
