@@ -2,7 +2,8 @@
 as a client sends them, run by the real function_app.py on a local host against the
 fake remote services; approved on the operator page in a browser (its approve button
 posts to the operator's route), rejected by
-``ordersctl reject`` (a message on the order-events queue, as any client sends one).
+``ordersctl reject`` (a message on the order-events queue, as any client sends one), or
+cancelled while it waits (the cancel undoes the step before at once: nothing is in flight).
 The other cases (timed out, refused, sent twice, the race with the deadline) run on
 Azurite in tests/integration/test_order_events.py and on the in-memory table in
 tests/unit/test_waiting_steps.py."""
@@ -24,18 +25,20 @@ from tests.e2e.conftest import FAST, wait_until
 from tests.e2e.test_operator_page import Page, browser  # noqa: F401 - the browser fixture
 
 
-def test_approved_goes_on_to_processed_rejected_ends_compensated_and_nothing_is_applied_twice(
+def test_approved_goes_on_to_processed_rejected_or_cancelled_while_waiting_ends_compensated_and_nothing_is_applied_twice(
     stack, tmp_path, browser  # noqa: F811 - the fixture imported above
 ):
     (host,) = stack.start_hosts(API_AUTH="none")
-    stack.send([(o, order_json(o, workflow="order-approval")) for o in ("ap-1", "ap-2")])
+    stack.send([(o, order_json(o, workflow="order-approval")) for o in ("ap-1", "ap-2", "ap-3")])
     api = f"{host.http_url}/api"
 
     def waiting(order_id: str):
         document = requests.get(f"{api}/orders/{order_id}", timeout=10).json()
         return document if document.get("waiting") else None
 
-    documents = {o: wait_until(lambda o=o: waiting(o), timeout=60, what=f"{o} waiting") for o in ("ap-1", "ap-2")}
+    documents = {
+        o: wait_until(lambda o=o: waiting(o), timeout=60, what=f"{o} waiting") for o in ("ap-1", "ap-2", "ap-3")
+    }
     assert documents["ap-1"]["waiting"]["event"] == "approval" and documents["ap-1"]["step"] == "approve"
     assert [s["state"] for s in documents["ap-1"]["steps"]][:2] == ["Done", "WaitingForEvent"]
     # The page's caller has no name with API_AUTH=none: it signs the event "operator".
@@ -62,8 +65,11 @@ def test_approved_goes_on_to_processed_rejected_ends_compensated_and_nothing_is_
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )
     assert sent.returncode == 0, sent.stderr
+    # Cancelled while it waits: no deadline to wait for, the reservation released at once.
+    cancelled = requests.post(f"{api}/orders/ap-3/cancel", json={"reason": "customer called"}, timeout=30)
+    assert cancelled.status_code == 202 and cancelled.json()["cancel"]["reason"] == "customer called"
 
-    states = stack.wait_closed(["ap-1", "ap-2"], timeout=60)
+    states = stack.wait_closed(["ap-1", "ap-2", "ap-3"], timeout=60)
     assert states["ap-1"].process_state is ProcessState.PROCESSED
     (approved,) = [line for line in stack.record("ap-1").lines if line.step == "approve"]
     assert approved.result == approval
@@ -81,6 +87,11 @@ def test_approved_goes_on_to_processed_rejected_ends_compensated_and_nothing_is_
     assert stack.applied("payments").get("ap-1") == ["charge"]
     assert "ap-2" not in stack.applied("payments")
     assert stack.undone("inventory").get("ap-2") == ["release"]
+    assert states["ap-3"].process_state is ProcessState.COMPENSATED and "customer called" in states["ap-3"].cause
+    assert stack.undone("inventory").get("ap-3") == ["release"] and "ap-3" not in stack.applied("payments")
+    # The approval that comes after the cancel finds no line waiting: 409, nothing changes.
+    after = requests.post(f"{api}/orders/ap-3/events/approval", json=approval, timeout=30)
+    assert after.status_code == 409 and stack.state("ap-3").process_state is ProcessState.COMPENSATED
     # The wait and the event are spans in each order's trace.
     wait_until(lambda: {"order.wait", "order.event"} <= {span["name"] for span in stack.spans("ap-1")},
                timeout=30, what="the wait's and the event's spans")
