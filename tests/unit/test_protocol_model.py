@@ -1123,3 +1123,32 @@ def test_an_undo_given_up_while_postponed_lets_no_earlier_undo_run_before_it_can
         m.supervise(who=SUPERVISORS[0], crash_after=0)  # refund: failure 1 of 2
         postpone_until_spent(m, "o-1", "payments", Kind.COMPENSATION)  # refund's failures spent
         undo_first_then_everything(m, "reserve")
+
+
+def test_a_line_given_up_while_postponed_is_not_undone_on_a_nudge_delivered_early():
+    """A line postponed until its failures run out is due for its give-up only at its
+    last attempt's Complete-By; the submission's nudge, delivered again meanwhile (at
+    least once delivery), must not start the undo early: the postponed requests may
+    still be delivered to an agent whose breaker has closed, and apply after the undo."""
+    with scripted() as m:
+        m.new_order()
+        m.submit(pick=0, crash_after=0)
+        m.breaker(remote="inventory", is_open=True)
+
+        def early_nudge() -> None:  # the submission's nudge, delivered once more
+            pick = index_of(m, Channel.NUDGE, state=m.snapshots["o-1"][0])
+            m.schedule(pick=pick, instance=SCHEDULERS[0], again=True, crash_after=0)
+
+        for _ in range(DEFAULTS.max_failures * MAX_POSTPONEMENTS):
+            early_nudge()  # claims the next attempt
+            m.remote_answers(pick=index_of(m, Channel.REQUEST, attempt=m.state("o-1").attempt), again=True,
+                             crash_after=0)  # postponed; the request stays deliverable
+            m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
+        given_up = m.state("o-1")
+        assert given_up.gave_up and m.now < given_up.complete_by - PENDING  # due at the last attempt's Complete-By
+        m.breaker(remote="inventory", is_open=False)
+        early_nudge()
+        assert m.state("o-1") == given_up  # not due: nothing claimed, no undo
+        m.remote_answers(pick=index_of(m, Channel.REQUEST, attempt=1), again=False, crash_after=0)  # reserve applies
+        undo_first_then_everything(m, "reserve")  # the undo comes with the give-up's own nudge, and ends it
+        assert m.state("o-1").process_state is ProcessState.COMPENSATED and ("o-1", "reserve") in m.undone
