@@ -98,8 +98,9 @@ def test_claim_is_guarded_by_the_etag(store):
     # A second claimer with the same (now stale) snapshot is refused.
     assert claim(store, created.state.order_id, "i2", now, hint=created.state) is None
     # Writing any decision on the stale snapshot is refused.
+    decided = lifecycle.claim(created.state, ORDER_WORKFLOW, "i3", now, DEFAULTS, pending_timeout=PENDING)
     with pytest.raises(ConcurrencyConflict):
-        store.write(created.state, lifecycle.claim(created.state, ORDER_WORKFLOW, "i3", now, DEFAULTS, pending_timeout=PENDING).state)
+        store.write(created.state, decided.state)
     assert store.get(created.state.order_id).locked_by == "i1"
 
 
