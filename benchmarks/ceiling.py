@@ -197,7 +197,9 @@ class _Payloads:
         )
         # The claim and the step's end come a little later, as they do (new UpdatedAt, CompleteBy).
         claimed_at, done_at = now + timedelta(milliseconds=10), now + timedelta(milliseconds=60)
-        transition = lifecycle.claim(state, CURRENT, "benchhost-12345-abcdef", claimed_at, defaults)
+        transition = lifecycle.claim(
+            state, CURRENT, "benchhost-12345-abcdef", claimed_at, defaults, pending_timeout=timedelta(seconds=30)
+        )
         assert transition is not None
         claimed = transition.state.model_copy(update={"etag": etag})
         self.document = order.document()

@@ -170,7 +170,7 @@ def run_steps(order_id: str, at, steps: int, *, timeout: timedelta) -> tuple[Ord
     ``timeout`` later; or Processed after the last step) and its step rows."""
     defaults = StepPolicy(timeout_seconds=timeout.total_seconds(), max_failures=3)
     pending = lifecycle.new_order(order_id, CURRENT, at, timedelta(seconds=30), None)
-    claimed = lifecycle.claim(pending, CURRENT, "bench", at, defaults)
+    claimed = lifecycle.claim(pending, CURRENT, "bench", at, defaults, pending_timeout=timedelta(seconds=30))
     assert claimed is not None
     state, lines = claimed.state, []
     for _ in range(steps):

@@ -153,17 +153,24 @@ def _line_record(
 
 def claim(
     state: OrderState, workflow: Workflow, instance: str, now: datetime, defaults: StepPolicy,
-    ended: Sequence[LineRecord] = (),
+    ended: Sequence[LineRecord] = (), *, pending_timeout: timedelta,
 ) -> Transition | None:
     """Pending -> Processing for this instance, with a new attempt (fencing token).
 
     A Pending row the supervisor gave up on is not run again: the scheduler decides
-    what giving up means for its line (:func:`give_up`). Nor is an action of a cancelled
-    order (:func:`_cancel_pending`; ``ended``: the order's ended lines, as read).
+    what giving up means for its line (:func:`give_up`), once the row is due
+    (``CompleteBy - pending_timeout``, as every Pending row is written). A line given up
+    while postponed is due only at its last attempt's Complete-By (:func:`postpone`):
+    a nudge delivered early (at least once delivery) must not start its undo while a
+    request of the line may still be delivered and act (found by the protocol model).
+    Nor is an action of a cancelled order run (:func:`_cancel_pending`; ``ended``: the
+    order's ended lines, as read).
     """
     if state.process_state is not ProcessState.PENDING:
         return None
     if state.gave_up:
+        if now < state.complete_by - pending_timeout:
+            return None  # not due: the nudge sent with the give-up's wait comes then
         return give_up(state, workflow, instance, now, defaults)
     if cancelled(state) and state.kind is Kind.ACTION:
         return _cancel_pending(state, workflow, instance, now, defaults, ended)

@@ -82,7 +82,9 @@ def schedule(nudge: Nudge, *, scheduler: Scheduler, now: datetime) -> AgentReque
         return first
     written = _apply(
         scheduler.store, nudge, now,
-        lambda s, wf, ended: lifecycle.claim(s, wf, scheduler.instance, now, scheduler.defaults, ended),
+        lambda s, wf, ended: lifecycle.claim(
+            s, wf, scheduler.instance, now, scheduler.defaults, ended, pending_timeout=scheduler.pending_timeout
+        ),
     )
     if written is None:
         log.info("order %s not claimed by %s: unknown, not Pending or claimed elsewhere", nudge.order_id, scheduler.instance)
@@ -147,7 +149,9 @@ def _first_claim(nudge: Nudge, scheduler: Scheduler, now: datetime) -> AgentRequ
     if state is None or document is None or not concrete_etag(state.etag) or not pristine(state):
         return None
     definition = workflow(state.workflow, state.workflow_version)
-    transition = lifecycle.claim(state, definition, scheduler.instance, now, scheduler.defaults)
+    transition = lifecycle.claim(
+        state, definition, scheduler.instance, now, scheduler.defaults, pending_timeout=scheduler.pending_timeout
+    )
     if transition is None or not transition.dispatch:
         return None
     seal = first_claim_key(state.workflow, state.workflow_version, state.reply_to, document)

@@ -34,7 +34,7 @@ def new_order(store: StateStore, order_id: str | None = None, **fields):
 def claim(store: StateStore, order_id: str, instance: str, now, *, hint=None):
     """What the scheduler's claim writes: None if not Pending or the race was lost."""
     state = hint or store.get(order_id)
-    transition = lifecycle.claim(state, ORDER_WORKFLOW, instance, now, DEFAULTS)
+    transition = lifecycle.claim(state, ORDER_WORKFLOW, instance, now, DEFAULTS, pending_timeout=PENDING)
     return None if transition is None else store.transition(state, transition.state, transition.lines)
 
 
@@ -98,8 +98,9 @@ def test_claim_is_guarded_by_the_etag(store):
     # A second claimer with the same (now stale) snapshot is refused.
     assert claim(store, created.state.order_id, "i2", now, hint=created.state) is None
     # Writing any decision on the stale snapshot is refused.
+    decided = lifecycle.claim(created.state, ORDER_WORKFLOW, "i3", now, DEFAULTS, pending_timeout=PENDING)
     with pytest.raises(ConcurrencyConflict):
-        store.write(created.state, lifecycle.claim(created.state, ORDER_WORKFLOW, "i3", now, DEFAULTS).state)
+        store.write(created.state, decided.state)
     assert store.get(created.state.order_id).locked_by == "i1"
 
 
@@ -150,7 +151,7 @@ def test_import_order_writes_a_finished_order_with_its_step_rows_in_one_transact
     now = utcnow()
     order = OrderRequest.model_validate_json(order_json("imported-1"))
     state = lifecycle.new_order("any-id", ORDER_WORKFLOW, now, PENDING, None)
-    state = lifecycle.claim(state, ORDER_WORKFLOW, "i1", now, DEFAULTS).state
+    state = lifecycle.claim(state, ORDER_WORKFLOW, "i1", now, DEFAULTS, pending_timeout=PENDING).state
     lines = []
     for step in ORDER_WORKFLOW.steps:
         response = AgentResponse(

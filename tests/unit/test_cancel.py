@@ -356,7 +356,9 @@ def test_a_line_waiting_for_an_event_is_cancelled_at_once_with_no_deadline_to_wa
     decision = lifecycle.request_cancel(waiting, w.now, "no longer wanted", "ops", definition)
     assert decision.next_state.process_state is ProcessState.PENDING
     assert decision.next_state.complete_by == w.now and decision.next_state.locked_by is None
-    claimed = lifecycle.claim(decision.next_state, definition, "host-1", w.now, DEFAULTS)
+    claimed = lifecycle.claim(
+        decision.next_state, definition, "host-1", w.now, DEFAULTS, pending_timeout=timedelta(seconds=30)
+    )
     assert claimed.state.kind is Kind.COMPENSATION and claimed.state.step == "reserve"  # release at once
     (record,) = claimed.lines
     assert (record.step, record.state) == ("approve", LineState.CANCELLED)

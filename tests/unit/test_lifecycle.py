@@ -59,12 +59,12 @@ def test_a_new_order_is_pending_at_its_first_step_on_the_current_definition():
 
 
 def test_claim_takes_a_new_attempt_and_the_steps_deadline():
-    claimed = lifecycle.claim(pending(), WF, "i1", T0, DEFAULTS).state
+    claimed = lifecycle.claim(pending(), WF, "i1", T0, DEFAULTS, pending_timeout=POLICY.pending_timeout).state
     assert claimed.process_state is ProcessState.PROCESSING
     assert claimed.attempt == 1 and claimed.locked_by == "i1"
     assert claimed.complete_by == T0 + timedelta(seconds=30)
     assert claimed.max_failures == 3
-    assert lifecycle.claim(claimed, WF, "i2", T0, DEFAULTS) is None
+    assert lifecycle.claim(claimed, WF, "i2", T0, DEFAULTS, pending_timeout=POLICY.pending_timeout) is None
 
 
 def test_response_is_fenced_by_attempt_step_and_state():

@@ -33,6 +33,7 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, currently_in_test_context, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -501,6 +502,13 @@ class ProtocolModel(RuleBasedStateMachine):
                 assert self.line_state(order_id, later, Kind.COMPENSATION) is not None, (
                     f"{order_id}: {request.step} undone before {name} (not in reverse order)"
                 )
+        if self.line_state(order_id, index, Kind.ACTION) == LineState.DONE.value:
+            # A Done action was applied at the remote under its idempotency key (an answer
+            # or a lookup said so): a request of it delivered again is a replay there and
+            # applies nothing (docs/fake-remote.md, "Compensations"), so its undo need not
+            # wait for that request's Complete-By. Only an action whose outcome the table
+            # does not know (claimed, in flight, Exhausted) may still take effect.
+            return
         for message in self.net.messages:
             r = message.body
             if (
@@ -1207,3 +1215,76 @@ def test_a_cancel_during_an_undo_changes_nothing_of_it():
         state = m.state("o-1")
         assert state.process_state is ProcessState.COMPENSATED and state.cause.startswith("step charge refused")
         assert m.counts["cancels recorded"] == 1 and m.counts["cancels already"] == 1
+
+
+def test_a_done_step_is_undone_at_once_and_its_request_delivered_again_applies_nothing():
+    """The protocol model's counterexample (issue 24 follow-up): reserve is answered and
+    its request stays to be delivered again (at least once delivery); charge is refused.
+    reserve is Done, so its undo runs at once, not after the redelivered request's
+    Complete-By: that request carries reserve's idempotency key, which the remote has
+    applied, so it is a replay there and applies nothing after the undo."""
+    with scripted() as m:
+        m.new_order()
+        m.submit(pick=0, crash_after=0)
+        m.schedule(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # reserve claimed
+        m.remote_answers(pick=0, again=True, crash_after=0)  # applied; the request stays deliverable
+        m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # reserve Done, charge claimed
+        redelivered = m.net.visible(Channel.REQUEST)[index_of(m, Channel.REQUEST, step="reserve")]
+        m.remote_refuses(pick=index_of(m, Channel.REQUEST, step="charge"), again=False, crash_after=0)
+        m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # charge Refused: release claimed
+        state = m.state("o-1")
+        assert (state.process_state, state.kind, state.step) == (ProcessState.PROCESSING, Kind.COMPENSATION, "reserve")
+        assert m.now < redelivered.body.complete_by  # the undo is claimed while reserve's request is deliverable
+        m.remote_answers(pick=index_of(m, Channel.REQUEST, kind=Kind.COMPENSATION), again=False, crash_after=0)
+        m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # reserve undone
+        assert m.state("o-1").process_state is ProcessState.COMPENSATED
+        again = index_of(m, Channel.REQUEST, step="reserve", kind=Kind.ACTION)
+        m.remote_answers(pick=again, again=False, crash_after=0)  # reserve's request, delivered again
+        assert m.applied_log[-1][3] is Kind.COMPENSATION  # the replay applied nothing after the undo
+        m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # its response is stale
+        m.settle()  # Compensated leaves nothing applied at the remotes
+
+
+def test_an_undo_is_flagged_while_an_action_not_done_may_still_take_effect():
+    """The invariant spares only Done actions: reserve claimed and its request in flight
+    (outcome unknown), an undo reaching the remote now is a violation."""
+    with scripted() as m:
+        m.new_order()
+        m.submit(pick=0, crash_after=0)
+        m.schedule(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # reserve claimed, request sent
+        action = m.net.visible(Channel.REQUEST)[0].body
+        undo = action.model_copy(
+            update={"kind": Kind.COMPENSATION, "action": "release",
+                    "idempotency_key": idempotency_key("o-1", "reserve", "release")}
+        )
+        with pytest.raises(AssertionError, match="reserve undone while its action may still take effect"):
+            m.check_compensation_may_run(undo)
+
+
+def test_a_line_given_up_while_postponed_is_not_undone_on_a_nudge_delivered_early():
+    """A line postponed until its failures run out is due for its give-up only at its
+    last attempt's Complete-By; the submission's nudge, delivered again meanwhile (at
+    least once delivery), must not start the undo early: the postponed requests may
+    still be delivered to an agent whose breaker has closed, and apply after the undo."""
+    with scripted() as m:
+        m.new_order()
+        m.submit(pick=0, crash_after=0)
+        m.breaker(remote="inventory", is_open=True)
+
+        def early_nudge() -> None:  # the submission's nudge, delivered once more
+            pick = index_of(m, Channel.NUDGE, state=m.snapshots["o-1"][0])
+            m.schedule(pick=pick, instance=SCHEDULERS[0], again=True, crash_after=0)
+
+        for _ in range(DEFAULTS.max_failures * MAX_POSTPONEMENTS):
+            early_nudge()  # claims the next attempt
+            m.remote_answers(pick=index_of(m, Channel.REQUEST, attempt=m.state("o-1").attempt), again=True,
+                             crash_after=0)  # postponed; the request stays deliverable
+            m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
+        given_up = m.state("o-1")
+        assert given_up.gave_up and m.now < given_up.complete_by - PENDING  # due at the last attempt's Complete-By
+        m.breaker(remote="inventory", is_open=False)
+        early_nudge()
+        assert m.state("o-1") == given_up  # not due: nothing claimed, no undo
+        m.remote_answers(pick=index_of(m, Channel.REQUEST, attempt=1), again=False, crash_after=0)  # reserve applies
+        undo_first_then_everything(m, "reserve")  # the undo comes with the give-up's own nudge, and ends it
+        assert m.state("o-1").process_state is ProcessState.COMPENSATED and ("o-1", "reserve") in m.undone
