@@ -258,9 +258,9 @@ def kept_sections(path: Path, titles: dict[str, str]) -> list[Section]:
     each with its rows of the report's Targets table; a section kept for the first time
     gets a line naming the run it comes from (its date and options)."""
     text = path.read_text(encoding="utf-8") if path.exists() else ""
-    soak = _soak_section_of(text)
-    if soak:
-        text = text.replace(soak.rstrip("\n"), "")
+    for marked in (_soak_section_of(text), _cpu_section_of(text)):
+        if marked:
+            text = text.replace(marked.rstrip("\n"), "")
     bodies: dict[str, str] = {}
     for chunk in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
         heading, _, body = chunk.partition("\n")
@@ -299,6 +299,21 @@ def _soak_section_of(text: str) -> str:
     if begin < 0 or end < begin:
         return ""
     return text[begin : end + len(SOAK_END)] + "\n"
+
+
+#: The CPU profile's notes (benchmarks/hostcpu.py, written by hand from its runs); ``make bench`` keeps them.
+CPU_BEGIN = "<!-- where the CPU goes: from python -m benchmarks.hostcpu, kept by make bench -->"
+CPU_END = "<!-- end of where the CPU goes -->"
+
+
+def cpu_section(path: Path) -> str:
+    """The CPU profile's section of an existing report (markers included), or ``""``."""
+    return _cpu_section_of(path.read_text(encoding="utf-8") if path.exists() else "")
+
+
+def _cpu_section_of(text: str) -> str:
+    begin, end = text.find(CPU_BEGIN), text.find(CPU_END)
+    return text[begin : end + len(CPU_END)] + "\n" if 0 <= begin < end else ""
 
 
 def write_soak_section(path: Path, markdown: str) -> None:

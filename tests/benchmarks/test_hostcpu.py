@@ -44,3 +44,14 @@ def test_profile_samples_are_split_by_the_thread_that_ran_them(tmp_path):
     assert profile.own["functions"] == {"readinto (stdlib/socket)": 3, "run (agents/remote)": 2}
     assert profile.within["functions"]["azure/data/tables"] == 3
     assert profile.own["host"] == {"receive_messages (azure/storage/queue)": 5}
+
+
+def test_the_hand_written_cpu_section_is_kept_by_make_bench_and_not_read_as_a_phase(tmp_path):
+    from benchmarks.report import CPU_BEGIN, CPU_END, cpu_section, kept_sections
+
+    notes = f"{CPU_BEGIN}\n## Where the CPU goes, and what was cut\n\n| change | before | after |\n{CPU_END}\n"
+    report = tmp_path / "BENCHMARKS.md"
+    report.write_text("# Benchmarks\n\n## Machine\n\n| date | d |\n\n## Idle cost\n\nidle body\n\n" + notes)
+    assert cpu_section(report) == notes
+    kept = kept_sections(report, {"idle": "Idle cost", "cpu": "Where the CPU goes, and what was cut"})
+    assert [section.key for section in kept] == ["idle"] and "CPU" not in kept[0].kept
