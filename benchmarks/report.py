@@ -295,10 +295,15 @@ def soak_section(path: Path) -> str:
 
 
 def _soak_section_of(text: str) -> str:
-    begin, end = text.find(SOAK_BEGIN), text.find(SOAK_END)
+    return _marked(text, SOAK_BEGIN, SOAK_END)
+
+
+def _marked(text: str, begin_marker: str, end_marker: str) -> str:
+    """The part of ``text`` from ``begin_marker`` to ``end_marker`` (both included), or ``""``."""
+    begin, end = text.find(begin_marker), text.find(end_marker)
     if begin < 0 or end < begin:
         return ""
-    return text[begin : end + len(SOAK_END)] + "\n"
+    return text[begin : end + len(end_marker)] + "\n"
 
 
 #: The CPU profile's notes (benchmarks/hostcpu.py, written by hand from its runs); ``make bench`` keeps them.
@@ -312,8 +317,7 @@ def cpu_section(path: Path) -> str:
 
 
 def _cpu_section_of(text: str) -> str:
-    begin, end = text.find(CPU_BEGIN), text.find(CPU_END)
-    return text[begin : end + len(CPU_END)] + "\n" if 0 <= begin < end else ""
+    return _marked(text, CPU_BEGIN, CPU_END)
 
 
 def write_soak_section(path: Path, markdown: str) -> None:
