@@ -32,7 +32,6 @@ import os
 import threading
 import time
 import traceback
-import types
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -240,24 +239,32 @@ class CpuTime:
     seconds: float = 0.0
 
 
-@types.coroutine
-def _timed(coroutine, cpu: CpuTime):
-    """Drive ``coroutine`` as ``await`` would, adding the thread CPU time of each of its steps
+class _TimedSteps:
+    """Awaits a coroutine as ``await`` would, adding the thread CPU time of each of its steps
     to ``cpu`` (the time it waits, and other invocations' steps, are not counted)."""
-    steps = coroutine.__await__()
-    send, value = steps.send, None
-    while True:
-        started = time.thread_time()
-        try:
-            awaited = send(value)
-        except StopIteration as done:
-            return done.value
-        finally:
-            cpu.seconds += time.thread_time() - started
-        try:
-            value, send = (yield awaited), steps.send
-        except BaseException as error:  # noqa: BLE001 - cancellation and the like go to the coroutine
-            value, send = error, steps.throw
+
+    def __init__(self, coroutine, cpu: CpuTime) -> None:
+        self._coroutine, self._cpu = coroutine, cpu
+
+    def __await__(self):
+        steps = self._coroutine.__await__()
+        send, value = steps.send, None
+        while True:
+            started = time.thread_time()
+            try:
+                awaited = send(value)
+            except StopIteration as done:
+                return done.value
+            finally:
+                self._cpu.seconds += time.thread_time() - started
+            try:
+                value, send = (yield awaited), steps.send
+            except BaseException as error:  # noqa: BLE001 - cancellation and the like go to the coroutine
+                value, send = error, steps.throw
+
+
+async def _timed(coroutine, cpu: CpuTime):
+    return await _TimedSteps(coroutine, cpu)
 
 
 @dataclass
