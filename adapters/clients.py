@@ -5,12 +5,10 @@ Clients are created once per process and reused (the SDKs pool connections).
 
 from __future__ import annotations
 
-import requests
 from azure.core.pipeline.transport import RequestsTransport
-from requests.adapters import HTTPAdapter
-from urllib3.util.retry import Retry
 
 from adapters.settings import Settings, state_account_kind
+from adapters.transport import shared_session
 
 #: Azurite's development account: the fixed name and key that every storage emulator
 #: accepts, published in Microsoft's Azurite docs. Not a secret; it opens nothing in Azure.
@@ -42,26 +40,11 @@ def storage_connection_string(value: str) -> str:
     return DEVELOPMENT_STORAGE if value.strip().rstrip(";").lower() == "usedevelopmentstorage=true" else value
 
 
-#: Connections kept open per storage endpoint. The host runs many invocations at once,
-#: in threads that share this process's clients; requests keeps 10 by default and, above
-#: that, opens a new connection for a call and drops it afterwards (measured: 0.2-0.3 new
-#: connections per order with one local host; in Azure each is a TLS handshake).
-POOL_CONNECTIONS = 64
-
-
 def transport() -> RequestsTransport:
-    """The HTTP transport of the storage clients: a pool of :data:`POOL_CONNECTIONS`,
-    no retries at this layer (the SDK's retry policy does them, as with its default
-    transport), and no proxy settings read from the environment (skipping that work on
-    every call measured ~25% faster point reads against Azurite)."""
-    session = requests.Session()
-    session.trust_env = False
-    adapter = HTTPAdapter(
-        pool_maxsize=POOL_CONNECTIONS, max_retries=Retry(total=False, redirect=False, raise_on_status=False)
-    )
-    for scheme in ("http://", "https://"):
-        session.mount(scheme, adapter)
-    return RequestsTransport(session=session, session_owner=True, use_env_settings=False)
+    """The HTTP transport of a storage client: over this process's one shared session
+    (adapters/transport.py: one pool per endpoint, lean per-request path), which the
+    client does not own (closing a client leaves the others' connections open)."""
+    return RequestsTransport(session=shared_session(), session_owner=False, use_env_settings=False)
 
 
 def credential(client_id: str | None, *, aio: bool = False):

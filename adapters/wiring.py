@@ -18,7 +18,7 @@ from typing import TypeVar
 from azure.core.exceptions import HttpResponseError, ServiceResponseError
 from pydantic import BaseModel
 
-from adapters import clients, telemetry
+from adapters import clients, telemetry, transport
 from adapters.accounts import ShardedStateStore, check_layout, state_store
 from adapters.messaging import Nudger, Publisher
 from adapters.settings import Settings, get_settings
@@ -120,10 +120,12 @@ def services() -> Services:
 
 
 def reset() -> None:
-    """Forget the process's collaborators and settings (tests change settings between runs)."""
+    """Forget the process's collaborators and settings (tests change settings between runs), and close
+    the connections of the storage clients' shared session."""
     global _services
     with _lock:
         if _services is not None:
             _services.publisher.close()
         _services = None
+        transport.close_shared_session()
     get_settings.cache_clear()

@@ -258,9 +258,9 @@ def kept_sections(path: Path, titles: dict[str, str]) -> list[Section]:
     each with its rows of the report's Targets table; a section kept for the first time
     gets a line naming the run it comes from (its date and options)."""
     text = path.read_text(encoding="utf-8") if path.exists() else ""
-    soak = _soak_section_of(text)
-    if soak:
-        text = text.replace(soak.rstrip("\n"), "")
+    for marked in (_soak_section_of(text), _cpu_section_of(text)):
+        if marked:
+            text = text.replace(marked.rstrip("\n"), "")
     bodies: dict[str, str] = {}
     for chunk in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
         heading, _, body = chunk.partition("\n")
@@ -295,10 +295,29 @@ def soak_section(path: Path) -> str:
 
 
 def _soak_section_of(text: str) -> str:
-    begin, end = text.find(SOAK_BEGIN), text.find(SOAK_END)
+    return _marked(text, SOAK_BEGIN, SOAK_END)
+
+
+def _marked(text: str, begin_marker: str, end_marker: str) -> str:
+    """The part of ``text`` from ``begin_marker`` to ``end_marker`` (both included), or ``""``."""
+    begin, end = text.find(begin_marker), text.find(end_marker)
     if begin < 0 or end < begin:
         return ""
-    return text[begin : end + len(SOAK_END)] + "\n"
+    return text[begin : end + len(end_marker)] + "\n"
+
+
+#: The CPU profile's notes (benchmarks/hostcpu.py, written by hand from its runs); ``make bench`` keeps them.
+CPU_BEGIN = "<!-- where the CPU goes: from python -m benchmarks.hostcpu, kept by make bench -->"
+CPU_END = "<!-- end of where the CPU goes -->"
+
+
+def cpu_section(path: Path) -> str:
+    """The CPU profile's section of an existing report (markers included), or ``""``."""
+    return _cpu_section_of(path.read_text(encoding="utf-8") if path.exists() else "")
+
+
+def _cpu_section_of(text: str) -> str:
+    return _marked(text, CPU_BEGIN, CPU_END)
 
 
 def write_soak_section(path: Path, markdown: str) -> None:

@@ -31,11 +31,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from adapters.store import StateStore
-from benchmarks import azurite_log, capacity, ceiling, pipeline, recovery, resilience, sync_agents
+from benchmarks import azurite_log, capacity, ceiling, hostcpu, pipeline, recovery, resilience, sync_agents
 from benchmarks.azurite_log import FRIENDLY, AzuriteLog, service_of
 from benchmarks.machine import describe
 from benchmarks.procstat import CpuMeter, OtherLoad
-from benchmarks.report import Report, Section, kept_sections, soak_section
+from benchmarks.report import Report, Section, cpu_section, kept_sections, soak_section
 from benchmarks.stack import BenchStack, OrderSender
 from benchmarks.sweep import IN_FLIGHT, SweepBench
 from core import names
@@ -224,7 +224,8 @@ class Runner:
 
     def finish(self) -> None:
         if self.options.out is not None:
-            kept = soak_section(self.options.out)  # the last `make soak` results stay
+            # The last `make soak` results and the CPU profile's notes stay.
+            kept = "\n".join(part for part in (cpu_section(self.options.out), soak_section(self.options.out)) if part)
             # The sections of the phases not run this time stay as the last report had them.
             measured = {section.key for section in self.report.sections}
             not_run = {key: title for key, title in TITLES.items() if key not in measured}
@@ -670,6 +671,7 @@ class Runner:
         sb = pipeline.delta(stack.sb_counts(), sb_before)
         operations = log.since(idle_end, end)
         invoked = pipeline.invocations(logs, offsets)
+        functions_cpu = hostcpu.function_cpu(logs, offsets)
         window = t2 - t1
 
         def background(idle_count: int) -> float:
@@ -801,6 +803,10 @@ class Runner:
             cpu_seconds=cpu, payload_bytes=ceiling.payload_bytes(stack.settings_object().step_defaults()),
             idle=self.results.get("idle"),
         )
+        split = hostcpu.report(section, sum(v for k, v in cpu.items() if k.startswith("host")), functions_cpu, count)
+        self.results["operations"]["cpu_ms_per_order"].update(
+            functions=split["functions"], functions_by_trigger=split["functions_by_trigger"],
+            host_emulation=split["host_emulation"])
         section.intro = (
             f"{count} orders of {steps_per_order} steps with no faults through one host, counted at the servers: "
             "Azurite's debug log (one line per request; a transaction is one request, as it is one billed "

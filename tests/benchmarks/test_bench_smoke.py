@@ -152,7 +152,12 @@ def test_app_phases_count_a_step_apart_from_the_order(tmp_path):
     assert operations["per_step"]["servicebus"]["sends"] == 2
     assert operations["per_step"]["table"]["requests"] == 1
     assert operations["per_step"]["executions"]["total"] == pytest.approx(2), "an agent and complete_step per step"
-    assert operations["cpu_ms_per_order"]["host"] > 0
+    cpu = operations["cpu_ms_per_order"]
+    assert cpu["host"] > 0
+    # The host's CPU split: the functions' own (by trigger type) and the local host's emulation.
+    assert 0 < cpu["functions"] < cpu["host"] and cpu["host_emulation"] == pytest.approx(cpu["host"] - cpu["functions"])
+    assert {"serviceBusTrigger", "queueTrigger"} <= set(cpu["functions_by_trigger"])
+    assert figures["ops.function_cpu_per_order"].value == pytest.approx(cpu["functions"])
 
 
 def test_resilience_phases_report_every_figure(tmp_path):

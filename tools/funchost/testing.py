@@ -45,7 +45,7 @@ _READY = re.compile(
     re.escape(READY_MARKER)
     + r" functions=(\d+) errors=(\d+) instance=(\S+)(?: sync_threads=(\d+))?(?: http=(http://\S+))?"
 )
-_EXECUTED = re.compile(r"Executed 'Functions\.([^']+)' \((Succeeded|Failed), Id=([^,]+), Duration=(\d+)ms\)(.*)")
+_EXECUTED = re.compile(r"Executed 'Functions\.([^']+)' \((Succeeded|Failed), Id=([^,]+), Duration=(\d+)ms\)(?: Cpu=([\d.]+)ms)?(.*)")
 
 
 class HostError(AssertionError):
@@ -59,6 +59,8 @@ class Invocation:
     invocation_id: str
     duration_ms: int
     details: str
+    #: The CPU time the function itself used (the log line's ``Cpu=``).
+    cpu_ms: float = 0.0
 
     @property
     def succeeded(self) -> bool:
@@ -142,7 +144,9 @@ class HostProcess:
         for line in self.log_text().splitlines():
             match = _EXECUTED.search(line)
             if match and (function is None or match[1] == function):
-                found.append(Invocation(match[1], match[2], match[3], int(match[4]), match[5].strip()))
+                found.append(
+                    Invocation(match[1], match[2], match[3], int(match[4]), match[6].strip(), float(match[5] or 0))
+                )
         return found
 
     def send_signal(self, signum: int) -> None:

@@ -1,0 +1,229 @@
+"""Where the host's CPU goes: the functions' own work against the local host's.
+
+In Azure a Functions instance runs the Functions host (.NET: triggers, polling, settlement,
+output bindings, HTTP) and the Python worker, which runs the functions. The local host
+(tools/funchost) is one Python process that does both; each invocation's log line carries
+``Cpu=``, the CPU time the function itself used on its worker thread (the Python worker's
+share, tools/funchost/invoke.py). The rest of the process's CPU is the local host emulating
+Azure's: it is not what the app costs in Azure, where the .NET host does that work.
+
+``python -m benchmarks.hostcpu [--orders 200] [--profile] [--top 25]`` runs orders through
+one host on a local stack of its own and prints both per order, by trigger type; with
+``--profile`` it also samples the host with py-spy (a pinned dev dependency) and prints the
+functions the samples were in, the function side's threads apart from the host's.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_EXECUTED = re.compile(
+    r"Executed 'Functions\.([^']+)' \((?:Succeeded|Failed), Id=[^,]+, Duration=\d+ms\) Cpu=([\d.]+)ms trigger=(\S+)"
+)
+
+
+@dataclass
+class FunctionCpu:
+    """CPU milliseconds the functions themselves used, from the invocations' log lines."""
+
+    by_function: Counter[str] = field(default_factory=Counter)
+    by_trigger: Counter[str] = field(default_factory=Counter)
+    invocations: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def total_ms(self) -> float:
+        return sum(self.by_trigger.values())
+
+
+def function_cpu(logs: list[Path], offsets: list[int]) -> FunctionCpu:
+    """The functions' own CPU time in the invocations logged after ``offsets``."""
+    found = FunctionCpu()
+    for path, offset in zip(logs, offsets):
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            text = handle.read().decode("utf-8", "replace")
+        for match in _EXECUTED.finditer(text):
+            function, ms, trigger = match[1], float(match[2]), match[3]
+            found.by_function[function] += ms
+            found.by_trigger[trigger] += ms
+            found.invocations[function] += 1
+    return found
+
+
+def split_per_order(host_cpu_seconds: float, functions: FunctionCpu, orders: int) -> dict:
+    """Host CPU per order, split into the functions' own (by trigger type) and the local host's."""
+    host_ms = host_cpu_seconds * 1000 / orders
+    functions_ms = functions.total_ms / orders
+    return {
+        "host": host_ms,
+        "functions": functions_ms,
+        "functions_by_trigger": {k: v / orders for k, v in sorted(functions.by_trigger.items())},
+        "host_emulation": max(0.0, host_ms - functions_ms),
+    }
+
+
+# -- the profile ---------------------------------------------------------------------------
+
+#: Threads that run the functions (tools/funchost/invoke.py names them): the Python worker's share.
+FUNCTION_THREADS = ("worker-sync", "funchost-event-loop")
+
+
+def py_spy() -> str:
+    found = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(found).exists():
+        raise SystemExit("py-spy is not installed: pip install -r requirements-dev.txt")
+    return found
+
+
+def start_profile(pid: int, out: Path, rate: int = 100) -> subprocess.Popen:
+    """Sample ``pid`` with py-spy into ``out`` as collapsed stacks: only the thread holding the
+    GIL (``--gil``: the one running Python code; a thread waiting on a socket or a lock holds
+    none), so the samples are where the process's Python CPU goes."""
+    return subprocess.Popen(
+        [py_spy(), "record", "--pid", str(pid), "--format", "raw", "--output", str(out), "--rate", str(rate),
+         "--threads", "--gil"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def stop_profile(process: subprocess.Popen, timeout: float = 60) -> None:
+    process.send_signal(subprocess.signal.SIGINT)
+    process.wait(timeout=timeout)
+
+
+@dataclass
+class Profile:
+    samples: Counter[str] = field(default_factory=Counter)  # by side: "functions" / "host"
+    own: dict[str, Counter[str]] = field(default_factory=lambda: {"functions": Counter(), "host": Counter()})
+    within: dict[str, Counter[str]] = field(default_factory=lambda: {"functions": Counter(), "host": Counter()})
+
+
+_FRAME = re.compile(r"^(?P<name>.*?) \((?P<file>[^:()]+)(?::\d+)?\)$")
+
+
+#: The app's and the local host's top packages (py-spy names a file from its sys.path entry).
+_OURS = ("adapters", "core", "scheduler", "supervisor", "agents", "api", "tools")
+
+
+def _package(file: str) -> str:
+    """A frame's file as a short package name: azure/core/pipeline, requests, the app's
+    modules (adapters/store), or the standard library's (stdlib/ssl)."""
+    parts = Path(file).parts
+    if len(parts) == 1:
+        return "stdlib/" + Path(file).stem
+    if parts[0] in _OURS:
+        return "/".join(parts[:2]).removesuffix(".py")
+    return "/".join(parts[:3] if parts[0] == "azure" else parts[:1]).removesuffix(".py")
+
+
+def read_profile(path: Path) -> Profile:
+    """Collapsed stacks (``thread;frame;...;frame count``) by side (the thread's name), with each
+    sample's own frame and the packages it was within."""
+    profile = Profile()
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        side = "functions" if any(name in frames[0] for name in FUNCTION_THREADS) else "host"
+        n = int(count)
+        profile.samples[side] += n
+        parsed = [m for m in (_FRAME.match(f) for f in frames[1:]) if m]
+        if not parsed:
+            continue
+        leaf = parsed[-1]
+        profile.own[side][f"{leaf['name']} ({_package(leaf['file'])})"] += n
+        for package in {_package(m["file"]) for m in parsed}:
+            profile.within[side][package] += n
+    return profile
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from adapters.store import StateStore
+    from benchmarks import pipeline
+    from benchmarks.procstat import CpuMeter
+    from benchmarks.stack import BenchStack, OrderSender
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--orders", type=int, default=200)
+    parser.add_argument("--profile", action="store_true", help="sample the host with py-spy during the run")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--keep", type=Path, help="copy the raw profile here")
+    args = parser.parse_args(argv)
+
+    logs_dir = Path(tempfile.mkdtemp(prefix="hostcpu-"))
+    stack = BenchStack(log_dir=logs_dir / "stack")
+    stack.start(hosts=1)
+    sender = OrderSender(stack.servicebus_connection_string)
+    try:
+        pipeline.warm_up(stack, sender, "warm-", count=20)
+        logs = list(stack.host_logs)
+        offsets = [path.stat().st_size for path in logs]
+        host_pid = stack.pids["host-1"]
+        sampler = start_profile(host_pid, logs_dir / "profile.txt") if args.profile else None
+        meter = CpuMeter({"host": host_pid})
+        before = stack.remote.effects()["total"]
+        meter.start()
+        sender.send([f"cpu-{i:05d}" for i in range(args.orders)])
+        if not pipeline.wait_done(stack, StateStore(stack.table()), "cpu-", args.orders, before, timeout=600):
+            raise SystemExit("the orders were not all processed")
+        used = meter.stop()
+        if sampler is not None:
+            stop_profile(sampler)
+        functions = function_cpu(logs, offsets)
+    finally:
+        sender.close()
+        stack.stop()
+    split = split_per_order(used["host"], functions, args.orders)
+    print(f"{args.orders} orders in {used['wall']:.1f} s ({args.orders / used['wall']:.1f} orders/s), one host")
+    print(f"host process CPU per order      {split['host']:7.1f} ms")
+    print(f"  the functions' own (worker)   {split['functions']:7.1f} ms")
+    for trigger, ms in split["functions_by_trigger"].items():
+        print(f"    {trigger:<27} {ms:7.1f} ms")
+    print(f"  the local host's (emulation)  {split['host_emulation']:7.1f} ms")
+    for function, ms in functions.by_function.most_common():
+        print(f"    function {function:<24} {ms / max(functions.invocations[function], 1):6.2f} ms per invocation, "
+              f"{functions.invocations[function] / args.orders:.2f} per order")
+    if args.profile:
+        profile = read_profile(logs_dir / "profile.txt")
+        if args.keep:
+            shutil.copy(logs_dir / "profile.txt", args.keep)
+        for side in ("functions", "host"):
+            total = max(profile.samples[side], 1)
+            print(f"\n{side}: {profile.samples[side]} samples; packages the samples were within (% of the side's)")
+            for package, n in profile.within[side].most_common(args.top):
+                print(f"  {100 * n / total:5.1f}%  {package}")
+            print(f"{side}: own frames (% of the side's)")
+            for frame, n in profile.own[side].most_common(args.top):
+                print(f"  {100 * n / total:5.1f}%  {frame}")
+    print(f"(logs in {logs_dir})")
+
+
+if __name__ == "__main__":
+    main()
+
+
+def report(section, host_cpu_seconds: float, functions: FunctionCpu, orders: int) -> dict:
+    """The ops phase's figures: host CPU per order, the functions' own by trigger type, the
+    local host's; returns them (ms per order) for benchmarks/results/operations.json."""
+    split = split_per_order(host_cpu_seconds, functions, orders)
+    section.figure("host_cpu_per_order", "host process CPU per order (local host running the app)",
+                   split["host"], "ms")
+    section.figure("function_cpu_per_order", "CPU per order, function side (the functions' own: the Python "
+                   "worker's work in Azure)", split["functions"], "ms", target="≤ 16.5 (Temporal's worker, issue 21)",
+                   met=split["functions"] <= 16.5,
+                   note=", ".join(f"{k} {v:.1f}" for k, v in split["functions_by_trigger"].items()))
+    section.figure("host_emulation_cpu_per_order", "CPU per order, the local host emulating Azure's (triggers, "
+                   "polling, settlement, outputs)", split["host_emulation"], "ms",
+                   note="in Azure the Functions host (.NET) does this work")
+    return split
