@@ -246,6 +246,20 @@ class OrderRecord:
         }
 
 
+def record_from_rows(order_id: str, rows: dict[str, Any]) -> OrderRecord:
+    """The order from its partition's rows (by RowKey); :class:`OrderNotFound` without its
+    order and state rows."""
+    if STATE_ROW not in rows or ORDER_ROW not in rows:
+        raise OrderNotFound(f"no order {order_id!r}")
+    lines = sorted(
+        (line_from_entity(row) for key, row in rows.items() if key.startswith(_LINE_PREFIXES)),
+        key=lambda line: line.updated_at,
+    )
+    return OrderRecord(
+        rows[ORDER_ROW]["Document"], state_from_entity(rows[STATE_ROW]), tuple(lines), rows[STATE_ROW].get(WRITE_ID)
+    )
+
+
 # --- the store ----------------------------------------------------------------------
 
 
@@ -371,15 +385,7 @@ class StateStore:
             row["RowKey"]: row
             for row in self.table.query_entities("PartitionKey eq @pk", parameters={"pk": order_id})
         }
-        if STATE_ROW not in rows or ORDER_ROW not in rows:
-            raise OrderNotFound(f"no order {order_id!r}")
-        lines = sorted(
-            (line_from_entity(row) for key, row in rows.items() if key.startswith(_LINE_PREFIXES)),
-            key=lambda line: line.updated_at,
-        )
-        return OrderRecord(
-            rows[ORDER_ROW]["Document"], state_from_entity(rows[STATE_ROW]), tuple(lines), rows[STATE_ROW].get(WRITE_ID)
-        )
+        return record_from_rows(order_id, rows)
 
     def get(self, order_id: str) -> OrderState:
         """The state of an order; raises :class:`OrderNotFound`."""
