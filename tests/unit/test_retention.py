@@ -4,6 +4,7 @@ through the real StateStore over the in-memory table that enforces ETags."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -14,6 +15,7 @@ from benchmarks.sweep import finished_order
 from core import lifecycle, names, retention
 from core.models import OrderRequest, ProcessState
 from core.retention import Disposal, dispose
+from core.workflow import CURRENT
 from devtools.orders import order_json
 from tests.memtable import MemoryTable
 from tests.unit.test_workflow import Publisher
@@ -29,7 +31,7 @@ def test_a_finished_row_is_keyed_by_the_day_the_shard_and_the_time_it_ended():
     later = retention.finished_row("o-1", NOW + timedelta(seconds=1), 16)[1]
     assert row_key < later < retention.finished_row("a", NOW + timedelta(hours=1), 16)[1]
     # A moment in another zone is filed under its UTC day.
-    east = NOW.astimezone(__import__("zoneinfo").ZoneInfo("Asia/Tokyo"))
+    east = NOW.astimezone(ZoneInfo("Asia/Tokyo"))
     assert retention.finished_row("o-1", east, 16) == (partition, row_key)
 
 
@@ -126,7 +128,7 @@ def test_a_crash_before_the_active_row_goes_is_healed_by_the_sweep_and_the_row_w
 
 def test_only_an_order_that_ended_is_indexed():
     store = StateStore(MemoryTable())
-    pending = lifecycle.new_order("o-1", __import__("core.workflow").workflow.CURRENT, NOW, timedelta(seconds=30), None)
+    pending = lifecycle.new_order("o-1", CURRENT, NOW, timedelta(seconds=30), None)
     with pytest.raises(ValueError, match="only a finished order"):
         finished.record_finished(pending, store=store)
 
