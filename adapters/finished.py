@@ -74,15 +74,17 @@ def record_finished(state: OrderState, *, store) -> None:
     if not state.process_state.terminal:
         raise ValueError(f"order {state.order_id} is {state.process_state.value}: only a finished order is indexed")
     s = account(store, state.order_id)
-    partition, row_key = retention.finished_row(state.order_id, state.updated_at, s.shards)
     s._op("finished_upsert")
-    s.table.upsert_entity(
-        {
-            "PartitionKey": partition, "RowKey": row_key, "OrderId": state.order_id,
-            "State": state.process_state.value, "FinishedAt": state.updated_at,
-        },
-        mode=UpdateMode.MERGE,  # a repeat keeps retention's Batch mark
-    )
+    s.table.upsert_entity(finished_entity(state, s.shards), mode=UpdateMode.MERGE)  # a repeat keeps a Batch mark
+
+
+def finished_entity(state: OrderState, shards: int) -> dict:
+    """The finished-index row of an order that ended (``state``: its terminal state row)."""
+    partition, row_key = retention.finished_row(state.order_id, state.updated_at, shards)
+    return {
+        "PartitionKey": partition, "RowKey": row_key, "OrderId": state.order_id,
+        "State": state.process_state.value, "FinishedAt": state.updated_at,
+    }
 
 
 def due_rows(s: StateStore, now: datetime, days: float, *, limit: int) -> list[FinishedRow]:
