@@ -264,3 +264,33 @@ def test_bad_archive_requests_are_refused_with_a_reason(archive, day, params):
 
     with pytest.raises(BadRequest):
         archive_api.list_day(day, params, archive=archive)
+
+
+def test_the_archive_routes_over_http_by_role(app_settings, funchost):
+    import requests
+
+    from adapters.wiring import services
+    from core import names
+    from core.access import OPERATOR_ROLE, READER_ROLE
+    from tests.integration.test_api import assert_refused, principal
+
+    s = services()
+    end(s.store, "h-1", DAYS_AGO_3)
+    assert tick(store=s.store, archive=s.archive(), policy=policy(), now=NOW)["archived"] == 1
+    day = retention.day_of(DAYS_AGO_3)
+    (host,) = funchost.start(env={names.API_AUTH_SETTING: "easyauth"}, functions=("list_archived", "get_archived_order"))
+    api = f"{host.http_url}/api/archive"
+    assert_refused(requests.get(f"{api}/{day}", timeout=10), 401, "unauthorized")
+    assert_refused(requests.get(f"{api}/{day}/orders/h-1", headers=principal(), timeout=10), 403, "forbidden")
+    for role in (READER_ROLE, OPERATOR_ROLE):
+        listed = requests.get(f"{api}/{day}", headers=principal(role), timeout=10)
+        assert listed.status_code == 200 and [o["order_id"] for o in listed.json()["orders"]] == ["h-1"], listed.text
+        one = requests.get(f"{api}/{day}/orders/h-1", headers=principal(role), timeout=10)
+        assert one.status_code == 200 and one.json()["state"] == "Processed"
+    reader = principal(READER_ROLE)
+    assert_refused(requests.get(f"{api}/{day}/orders/h-2", headers=reader, timeout=10), 404, "not_found", "h-2")
+    assert_refused(requests.get(f"{api}/1999-01-01", headers=reader, timeout=10), 404, "not_found", "1999-01-01")
+    assert_refused(requests.get(f"{api}/2026-02-30", headers=reader, timeout=10), 400, "bad_request", "date")
+    assert_refused(requests.get(f"{api}/{day}/orders/bad%20id", headers=reader, timeout=10), 400, "bad_request")
+    assert_refused(requests.get(f"{api}/{day}", params={"limit": "x"}, headers=reader, timeout=10), 400, "bad_request")
+    assert_refused(requests.post(f"{api}/{day}", headers=reader, timeout=10), 405, "method_not_allowed", "GET")
