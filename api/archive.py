@@ -20,6 +20,8 @@ from api.orders import DEFAULT_LIMIT, MAX_LIMIT, BadRequest, Reply, only, order_
 from core.retention import BadDay, parse_day
 
 PAGE_PARAMETERS = ("limit", "continuation")
+#: What a day's list shows of each archived order.
+SUMMARY_KEYS = ("order_id", "state", "workflow", "created_at", "updated_at", "archived_at")
 
 
 def day_of(value: str | None) -> str:
@@ -50,7 +52,7 @@ def _token(part: int, offset: int) -> str:
 
 def summary(document: dict) -> dict:
     """One archived order in a day's list."""
-    return {key: document.get(key) for key in ("order_id", "state", "workflow", "created_at", "updated_at", "archived_at")}
+    return {key: document.get(key) for key in SUMMARY_KEYS}
 
 
 def list_day(day: str | None, params: Mapping[str, str], *, archive: Archive) -> Reply:

@@ -134,5 +134,7 @@ def list_archived(req: func.HttpRequest) -> func.HttpResponse:
 def get_archived_order(req: func.HttpRequest) -> func.HttpResponse:
     return _read(
         req,
-        lambda: archive.get_archived(req.route_params.get("day"), req.route_params.get("id"), archive=services().archive()),
+        lambda: archive.get_archived(
+            req.route_params.get("day"), req.route_params.get("id"), archive=services().archive()
+        ),
     )

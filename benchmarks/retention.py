@@ -177,8 +177,11 @@ def table_of(figures: list[TickFigure]) -> str:
     ]
     for f in figures:
         per = f"{(f.table + f.blob) / f.archived:.2f}" if f.archived else "-"
-        kinds = ", ".join(f"{k.removeprefix('table ')} {n}" for k, n in sorted(f.requests.items()) if k.startswith("table"))
-        lines.append(f"| {f.not_due:,} | {f.archived:,} | {f.table} | {f.blob} | {per} | {kinds} | {f.seconds * 1000:.0f} |")
+        table = sorted((k.removeprefix("table "), n) for k, n in f.requests.items() if k.startswith("table"))
+        kinds = ", ".join(f"{k} {n}" for k, n in table)
+        lines.append(
+            f"| {f.not_due:,} | {f.archived:,} | {f.table} | {f.blob} | {per} | {kinds} | {f.seconds * 1000:.0f} |"
+        )
     return "\n".join(lines)
 
 

@@ -26,7 +26,9 @@ def test_the_archive_container_is_provisioned_under_its_name(deployment, deploye
 
 
 def test_the_app_may_write_the_archive_container_and_that_container_only(deployment):
-    granted = [(role, scope, ra) for role, scope, _, ra in assignments(deployment) if role == "Storage Blob Data Contributor"]
+    granted = [
+        (role, scope, ra) for role, scope, _, ra in assignments(deployment) if role == "Storage Blob Data Contributor"
+    ]
     assert [scope for _, scope, _ in granted] == [ARCHIVE_CONTAINER]
     (_, _, ra) = granted[0]
     assert ra.body["scope"].symbol == "archiveContainer"

@@ -278,7 +278,9 @@ def test_the_archive_routes_over_http_by_role(app_settings, funchost):
     end(s.store, "h-1", DAYS_AGO_3)
     assert tick(store=s.store, archive=s.archive(), policy=policy(), now=NOW)["archived"] == 1
     day = retention.day_of(DAYS_AGO_3)
-    (host,) = funchost.start(env={names.API_AUTH_SETTING: "easyauth"}, functions=("list_archived", "get_archived_order"))
+    (host,) = funchost.start(
+        env={names.API_AUTH_SETTING: "easyauth"}, functions=("list_archived", "get_archived_order")
+    )
     api = f"{host.http_url}/api/archive"
     assert_refused(requests.get(f"{api}/{day}", timeout=10), 401, "unauthorized")
     assert_refused(requests.get(f"{api}/{day}/orders/h-1", headers=principal(), timeout=10), 403, "forbidden")
