@@ -214,7 +214,7 @@ class Runner:
 
     def finish(self) -> None:
         if self.options.out is not None:
-            kept = soak_section(self.options.out)  # the last `make soak` results stay
+            kept = soak_section(self.options.out)  # the last `make soak` (and retention benchmark) results stay
             # The sections of the phases not run this time stay as the last report had them.
             measured = {section.key for section in self.report.sections}
             not_run = {key: title for key, title in TITLES.items() if key not in measured}

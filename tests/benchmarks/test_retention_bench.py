@@ -23,3 +23,19 @@ def test_a_ticks_requests_follow_what_it_deletes_not_the_history():
             assert f.blob == (4 if f.archived else 0), table_of(figures)
     # The same reads in both rounds, ten times the finished orders waiting in the second.
     assert [f.requests["table get"] for f in rounds[20]] == [f.requests["table get"] for f in rounds[220]]
+
+
+def test_make_bench_keeps_the_retention_section_as_it_keeps_the_soaks(tmp_path):
+    from benchmarks.report import kept_sections, soak_section, write_retention_section, write_soak_section
+
+    report = tmp_path / "BENCHMARKS.md"
+    report.write_text("# Benchmarks\n\n## Machine\n\n| date | 2026-01-01 |\n\n## Idle cost\n\nidle\n")
+    write_soak_section(report, "## Chaos soak\n\nthe soak\n")
+    write_retention_section(report, "## Retention tick vs history\n\nthe first run\n")
+    write_retention_section(report, "## Retention tick vs history\n\nthe second run\n")  # replaces the first
+    kept = soak_section(report)
+    assert "the soak" in kept and "the second run" in kept and "the first run" not in kept
+    assert kept.index("the soak") < kept.index("the second run")
+    # Neither is taken for a phase's section.
+    sections = kept_sections(report, {"idle": "Idle cost", "x": "Retention tick vs history"})
+    assert [s.key for s in sections] == ["idle"] and "the soak" not in sections[0].kept
