@@ -218,6 +218,21 @@ def test_a_full_blob_rolls_over_to_the_days_next_part(store, archive, monkeypatc
     day = retention.day_of(DAYS_AGO_3)
     assert [(p.number, len(p.blocks)) for p in archive.day(day).parts] == [(0, 2), (1, 2), (2, 1)]
     assert sorted(doc["order_id"] for doc in archived(archive, day)) == [f"p-{n}" for n in range(5)]
+    # Pages of two run across the parts (a page may end at a part's last byte).
+    assert every_page(archive, day, limit=2) == [doc["order_id"] for doc in archived(archive, day)]
+
+
+def every_page(archive: Archive, day: str, *, limit: int) -> list[str]:
+    """Every order of a day's archive through GET /api/archive/{day}'s pages."""
+    seen, token = [], None
+    while True:
+        params = {"limit": str(limit), **({"continuation": token} if token else {})}
+        reply = archive_api.list_day(day, params, archive=archive)
+        assert reply.status == 200, reply.body
+        seen += [o["order_id"] for o in reply.body["orders"]]
+        token = reply.body["continuation"]
+        if token is None:
+            return seen
 
 
 def test_the_archive_is_read_back_by_day_and_by_order(store, archive):
@@ -227,14 +242,7 @@ def test_the_archive_is_read_back_by_day_and_by_order(store, archive):
         tick(store=store, archive=archive, policy=policy(max_orders=3), now=NOW)
     day = retention.day_of(DAYS_AGO_3)
     # The day, page by page.
-    seen, token = [], None
-    while True:
-        reply = archive_api.list_day(day, {"limit": "3", **({"continuation": token} if token else {})}, archive=archive)
-        assert reply.status == 200, reply.body
-        seen += [o["order_id"] for o in reply.body["orders"]]
-        token = reply.body["continuation"]
-        if token is None:
-            break
+    seen = every_page(archive, day, limit=3)
     # Every order once, in the order archived (a tick takes the index's rows shard by shard).
     assert seen == [doc["order_id"] for doc in archived(archive, day)]
     assert sorted(seen) == [f"a-{n}" for n in range(7)]
