@@ -42,8 +42,8 @@ def test_retention_archives_finished_orders_once_across_a_crash_and_reads_them_b
     days = {order_id: retention.day_of(states[order_id].updated_at) for order_id in ids}
 
     # A host whose retention dies right after its archive step, before any delete.
-    (crashing,) = stack.funchost.start(env={**FAST, **RETAIN_NOW, names.RETENTION_FAULT_SETTING: "exit-after-archive"},
-                                       wait=False)
+    fault = {names.RETENTION_FAULT_SETTING: names.RETENTION_FAULT_EXIT}
+    (crashing,) = stack.funchost.start(env={**FAST, **RETAIN_NOW, **fault}, wait=False)
     stack.hosts.append(crashing)
     wait_until(lambda: crashing.returncode is not None, timeout=60, what="the host to die after the archive step")
     assert crashing.returncode == 70, crashing.log_tail()
