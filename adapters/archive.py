@@ -78,9 +78,10 @@ class Line:
 class Archive:
     """The archive container (adapters/clients.py ``archive_container``). Thread-safe."""
 
-    def __init__(self, container) -> None:
+    def __init__(self, container, *, exists: bool = False) -> None:
         self.container = container
-        self._ready = False
+        #: The container is known to exist (created by this process before): no create on first use.
+        self._ready = exists
         self._lock = threading.Lock()
         #: Blob requests by kind, for benchmarks and tests.
         self.ops: dict[str, int] = {}

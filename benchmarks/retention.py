@@ -24,6 +24,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import typer
+from azure.core.exceptions import ServiceResponseError
 from azure.core.pipeline.transport import RequestsTransport
 from azure.data.tables import TableServiceClient, UpdateMode
 from azure.storage.blob import ContainerClient
@@ -91,13 +92,17 @@ class Bench:
         service = TableServiceClient.from_connection_string(self.connection_string, transport=clients.transport())
         service.create_table_if_not_exists(TABLE)
         self.writer = StateStore(service.get_table_client(TABLE))
+
+    def _counted(self, *, exists: bool) -> tuple[StateStore, Archive]:
+        """The tick's clients, on fresh connections (Azurite closes a connection idle for 5 s,
+        and the SDK does not retry a POST sent on one: a count with no such retry in it)."""
         counted = TableServiceClient.from_connection_string(
             self.connection_string, transport=CountingTransport(self.counts, "table")
         )
-        self.store = StateStore(counted.get_table_client(TABLE))
-        self.archive = Archive(ContainerClient.from_connection_string(
+        container = ContainerClient.from_connection_string(
             self.connection_string, CONTAINER, transport=CountingTransport(self.counts, "blob")
-        ))
+        )
+        return StateStore(counted.get_table_client(TABLE)), Archive(container, exists=exists)
 
     def _index(self, states) -> None:
         """Finished-index rows as closing the orders writes them, 100 per transaction (a bulk load)."""
@@ -106,9 +111,20 @@ class Bench:
             entity = finished.finished_entity(state, self.writer.shards)
             by_partition.setdefault(entity["PartitionKey"], []).append(entity)
         batches = [rows[i : i + 100] for rows in by_partition.values() for i in range(0, len(rows), 100)]
+
+        def load(rows: list[dict]) -> None:
+            # Upserts: sent again when a connection the pool kept idle was closed under the POST
+            # (the SDK does not retry a POST; Azurite closes idle connections after 5 s).
+            for attempt in range(3):
+                try:
+                    self.writer.table.submit_transaction([("upsert", row, {"mode": UpdateMode.MERGE}) for row in rows])
+                    return
+                except ServiceResponseError:
+                    if attempt == 2:
+                        raise
+
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda rows: self.writer.table.submit_transaction(
-                [("upsert", row, {"mode": UpdateMode.MERGE}) for row in rows]), batches))
+            list(pool.map(load, batches))
 
     def add_not_due(self, count: int, *, progress=print) -> float:
         """``count`` more orders that ended now (sweep.py's writers: 2 processes x 4 threads),
@@ -143,14 +159,15 @@ class Bench:
             list(pool.map(one, ids))
         self._index(state.model_copy(update={"order_id": order_id}) for order_id in ids)
 
-    def ticks(self) -> list[TickFigure]:
+    def ticks(self, *, first_round: bool) -> list[TickFigure]:
         """Ticks until one archives nothing (that last, empty one included)."""
         figures = []
         policy = RetentionPolicy(days=1, include_error=False, max_orders=self.max_orders)
+        store, archive = self._counted(exists=not first_round)
         while True:
             self.counts.clear()
             started = time.perf_counter()
-            report = tick(store=self.store, archive=self.archive, policy=policy, now=utcnow())
+            report = tick(store=store, archive=archive, policy=policy, now=utcnow())
             figures.append(TickFigure(self.written_not_due, report["archived"], Counter(self.counts),
                                       time.perf_counter() - started))
             if report["archived"] == 0:
@@ -167,7 +184,7 @@ def run(*, first: int, finished_total: int, due: int, max_orders: int, progress=
             took = bench.add_not_due(not_due - bench.written_not_due, progress=progress)
             progress(f"round {round_}: {bench.written_not_due:,} finished orders not due ({took:.0f} s to write)")
             bench.add_due(due, round_)
-            figures += bench.ticks()
+            figures += bench.ticks(first_round=round_ == 1)
         return figures
     finally:
         instance.stop()
