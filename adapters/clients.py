@@ -105,6 +105,29 @@ def _table_service(connection: str | None, endpoint: str | None, client_id: str 
     return TableServiceClient(endpoint, credential=credential(client_id), transport=transport())
 
 
+def archive_container(settings: Settings):
+    """The archive's blob container (README "Retention"): in ``ArchiveStorage``'s account
+    when set (a connection string locally, ``ArchiveStorage__blobServiceUri`` with the identity
+    ``ArchiveStorage__clientId`` names in Azure), else in the host's ``AzureWebJobsStorage``
+    account (its connection string, or ``__blobServiceUri`` / ``__accountName``)."""
+    from azure.storage.blob import ContainerClient
+
+    container = settings.archive_container
+    if settings.archive_storage_connection_string or settings.archive_storage_blob_service_uri:
+        connection, uri = settings.archive_storage_connection_string, settings.archive_storage_blob_service_uri
+        client_id = settings.archive_storage_client_id or settings.storage_client_id
+    else:
+        connection, uri = settings.storage_connection_string, settings.storage_blob_service_uri
+        client_id = settings.storage_client_id
+        if not connection and not uri:
+            uri = f"https://{settings.storage_account_name}.blob.core.windows.net"
+    if connection:
+        return ContainerClient.from_connection_string(
+            storage_connection_string(connection), container, transport=transport()
+        )
+    return ContainerClient(uri, container, credential=credential(client_id), transport=transport())
+
+
 #: The nudge queue's retries of a 5xx or a dropped connection (docs/scale.md): the storage
 #: SDK's default waits 15 s + 3^n (with 3 s jitter) before each retry, and a nudge that
 #: waits that long holds its order for as long; these wait ~0.2 s + 1.5^n (1.7, 2.5, 3.6,

@@ -1,4 +1,5 @@
-"""What happens once an order is terminal: tell the submitter, alert on Error, leave the index.
+"""What happens once an order is terminal: tell the submitter, alert on Error, index it by
+the day it ended (adapters/finished.py, for retention), leave the active index.
 
 Called by the scheduler right after the terminal write, and by the supervisor for a
 terminal row still in the active index (a crash between the write and this step).
@@ -12,6 +13,7 @@ import logging
 from datetime import datetime
 
 from adapters import search, telemetry
+from adapters.finished import record_finished
 from adapters.messaging import Publisher
 from adapters.store import StateStore
 from core import names
@@ -75,4 +77,5 @@ def _close(state: OrderState, *, store: StateStore, publisher: Publisher, alerts
         queue=state.reply_to,
     )
     search.index_error(store, state)  # before the active row goes: a crash leaves that row, the sweep redoes this
+    record_finished(state, store=store)  # before the active row goes: a crash between, the sweep heals
     store.unindex(state.order_id)

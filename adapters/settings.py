@@ -54,6 +54,13 @@ class Settings(BaseSettings):
     #: Fixed for the deployment's life: an order lives in the account its id picks.
     state_storage_accounts: str | None = _setting(names.STATE_STORAGE_ACCOUNTS_SETTING, None)
 
+    #: Optional: the archive's own account (README "Retention"); unset, AzureWebJobsStorage's.
+    #: Locally a connection string; in Azure ``ArchiveStorage__blobServiceUri`` (identity-based).
+    archive_storage_connection_string: str | None = _setting(names.ARCHIVE_STORAGE_CONNECTION, None)
+    archive_storage_blob_service_uri: str | None = _setting(f"{names.ARCHIVE_STORAGE_CONNECTION}__blobServiceUri", None)
+    archive_storage_client_id: str | None = _setting(f"{names.ARCHIVE_STORAGE_CONNECTION}__clientId", None)
+    storage_blob_service_uri: str | None = _setting(f"{names.STORAGE_CONNECTION}__blobServiceUri", None)
+
     servicebus_connection_string: str | None = _setting(names.SERVICEBUS_CONNECTION, None)
     servicebus_namespace: str | None = _setting(f"{names.SERVICEBUS_CONNECTION}__fullyQualifiedNamespace", None)
     servicebus_client_id: str | None = _setting(f"{names.SERVICEBUS_CONNECTION}__clientId", None)
@@ -133,6 +140,23 @@ class Settings(BaseSettings):
     bulk_resubmit_per_second: float = _setting(names.BULK_RESUBMIT_RATE_SETTING, 20.0, gt=0, le=1000)
     #: ...and at most this many per request (then answers with a continuation).
     bulk_resubmit_batch: int = _setting(names.BULK_RESUBMIT_BATCH_SETTING, 100, ge=1, le=1000)
+    # --- Retention (adapters/retention.py, README "Retention") --------------------------
+    #: Finished orders that ended this many days ago or more are archived, then deleted.
+    retention_days: float = _setting(names.RETENTION_DAYS_SETTING, names.DEFAULT_RETENTION_DAYS, ge=0, le=36_500)
+    #: Error orders are archived and deleted too (default: they stay for an operator).
+    retention_include_error: bool = _setting(names.RETENTION_INCLUDE_ERROR_SETTING, False)
+    #: The most orders one retention tick archives and deletes.
+    retention_max_orders: int = _setting(
+        names.RETENTION_MAX_ORDERS_SETTING, names.DEFAULT_RETENTION_MAX_ORDERS, ge=1, le=100_000
+    )
+    #: NCRONTAB (six fields), read by the timer binding as %RETENTION_SCHEDULE%.
+    retention_schedule: str = _setting(names.RETENTION_SCHEDULE_SETTING, names.DEFAULT_RETENTION_SCHEDULE)
+    archive_container: str = _setting(names.ARCHIVE_CONTAINER_SETTING, names.ARCHIVE_CONTAINER)
+    #: Local tests only (never set by the Bicep): ``exit-after-archive`` ends the process
+    #: right after a tick's archive step, before it deletes anything, as a crash there would.
+    retention_fault: str | None = _setting(
+        names.RETENTION_FAULT_SETTING, None, pattern=f"^{names.RETENTION_FAULT_EXIT}$"
+    )
 
     # --- The status API (api/, core/access.py) ---------------------------------------
     #: easyauth (Azure: app roles from App Service Authentication), none (the local

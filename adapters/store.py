@@ -59,7 +59,7 @@ from azure.core.exceptions import (
 from azure.data.tables import TableClient, UpdateMode
 
 from adapters import telemetry
-from core import lifecycle, names
+from core import lifecycle, names, retention
 from core.models import LineRecord, LineState, OrderRequest, OrderState, ProcessState, first_claim_key
 from core.workflow import Kind, Workflow
 
@@ -265,6 +265,20 @@ class OrderRecord:
         }
 
 
+def record_from_rows(order_id: str, rows: dict[str, Any]) -> OrderRecord:
+    """The order from its partition's rows (by RowKey); :class:`OrderNotFound` without its
+    order and state rows."""
+    if STATE_ROW not in rows or ORDER_ROW not in rows:
+        raise OrderNotFound(f"no order {order_id!r}")
+    lines = sorted(
+        (line_from_entity(row) for key, row in rows.items() if key.startswith(_LINE_PREFIXES)),
+        key=lambda line: line.updated_at,
+    )
+    return OrderRecord(
+        rows[ORDER_ROW]["Document"], state_from_entity(rows[STATE_ROW]), tuple(lines), rows[STATE_ROW].get(WRITE_ID)
+    )
+
+
 # --- the store ----------------------------------------------------------------------
 
 
@@ -377,9 +391,22 @@ class StateStore:
             return Created(record.state, created=True)
         if record.document != document:
             raise OrderConflict(order_id, record.document, document)
-        if record.state.process_state.terminal:
+        if record.state.process_state.terminal and self._closed(record.state):
             self.unindex(order_id)  # the duplicate's index write re-added it
+        # Terminal but not closed yet (a crash between its end and its close): its active row
+        # stays, and the sweep closes it (status event, alert, finished index) as it would have.
         return Created(record.state, created=False)
+
+    def _closed(self, state: OrderState) -> bool:
+        """Whether a terminal order was closed: its finished-index row, written by the close
+        before the active row goes (adapters/finished.py), is there. One point read."""
+        partition, row_key = retention.finished_row(state.order_id, state.updated_at, self.shards)
+        self._op("read")
+        try:
+            self.table.get_entity(partition, row_key, select=["RowKey"])
+        except ResourceNotFoundError:
+            return False
+        return True
 
     # -- reads ----------------------------------------------------------------------
 
@@ -390,15 +417,7 @@ class StateStore:
             row["RowKey"]: row
             for row in self.table.query_entities("PartitionKey eq @pk", parameters={"pk": order_id})
         }
-        if STATE_ROW not in rows or ORDER_ROW not in rows:
-            raise OrderNotFound(f"no order {order_id!r}")
-        lines = sorted(
-            (line_from_entity(row) for key, row in rows.items() if key.startswith(_LINE_PREFIXES)),
-            key=lambda line: line.updated_at,
-        )
-        return OrderRecord(
-            rows[ORDER_ROW]["Document"], state_from_entity(rows[STATE_ROW]), tuple(lines), rows[STATE_ROW].get(WRITE_ID)
-        )
+        return record_from_rows(order_id, rows)
 
     def get(self, order_id: str) -> OrderState:
         """The state of an order; raises :class:`OrderNotFound`."""

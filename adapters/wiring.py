@@ -19,6 +19,7 @@ from azure.core.exceptions import HttpResponseError, ServiceResponseError
 from pydantic import BaseModel
 
 from adapters import clients, telemetry, transport
+from adapters.archive import Archive
 from adapters.accounts import ShardedStateStore, check_layout, state_store
 from adapters.messaging import Nudger, Publisher
 from adapters.settings import Settings, get_settings
@@ -37,6 +38,13 @@ class Services:
     publisher: Publisher
     nudger: Nudger
     instance: str
+    _archive: Archive | None = None
+
+    def archive(self) -> Archive:
+        """The archive's container (retention, the archive reads), built on first use."""
+        if self._archive is None:
+            self._archive = Archive(clients.archive_container(self.settings))
+        return self._archive
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Services:

@@ -6,7 +6,8 @@
 ``POST /api/orders/{id}/cancel`` (api/cancel.py);
 the page ``GET /api/ops`` with its files (``/api/ops/static/{name}``), the caller's roles
 (``/api/ops/me``), the counts per state over time (``/api/ops/counts``) and an order's
-spans (``GET /api/orders/{id}/trace``).
+spans (``GET /api/orders/{id}/trace``); the archive (``GET /api/archive/{day}``,
+``GET /api/archive/{day}/orders/{id}``, api/archive.py).
 
 Functions auth level ANONYMOUS: in Azure, App Service Authentication checks the caller's
 token before the request reaches the app (infra/app/api-auth.bicep), and the functions
@@ -25,7 +26,7 @@ import azure.functions as func
 from adapters import traces
 from adapters.settings import get_settings
 from adapters.wiring import services
-from api import cancel, events, ops, orders, search
+from api import archive, cancel, events, ops, orders, search
 from core import access
 from core.models import utcnow
 
@@ -192,4 +193,24 @@ def get_order_trace(req: func.HttpRequest) -> func.HttpResponse:
         req,
         lambda: ops.trace(req.route_params.get("id"), store=services().store,
                           spans=traces.source(get_settings())),
+    )
+
+
+# --- the archive (api/archive.py): finished orders retention moved to blob storage ------------
+
+
+@bp.function_name("list_archived")
+@bp.route(route="archive/{day}", auth_level=func.AuthLevel.ANONYMOUS)
+def list_archived(req: func.HttpRequest) -> func.HttpResponse:
+    return _read(req, lambda: archive.list_day(req.route_params.get("day"), req.params, archive=services().archive()))
+
+
+@bp.function_name("get_archived_order")
+@bp.route(route="archive/{day}/orders/{id}", auth_level=func.AuthLevel.ANONYMOUS)
+def get_archived_order(req: func.HttpRequest) -> func.HttpResponse:
+    return _read(
+        req,
+        lambda: archive.get_archived(
+            req.route_params.get("day"), req.route_params.get("id"), archive=services().archive()
+        ),
     )

@@ -258,9 +258,10 @@ def kept_sections(path: Path, titles: dict[str, str]) -> list[Section]:
     each with its rows of the report's Targets table; a section kept for the first time
     gets a line naming the run it comes from (its date and options)."""
     text = path.read_text(encoding="utf-8") if path.exists() else ""
-    for marked in (_soak_section_of(text), _cpu_section_of(text)):
-        if marked:
-            text = text.replace(marked.rstrip("\n"), "")
+    for begin, end in _OWN_SECTIONS:  # the CPU notes', the soak's, the retention benchmark's: not phases
+        own = _between(text, begin, end)
+        if own:
+            text = text.replace(own.rstrip("\n"), "")
     bodies: dict[str, str] = {}
     for chunk in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
         heading, _, body = chunk.partition("\n")
@@ -282,48 +283,52 @@ def kept_sections(path: Path, titles: dict[str, str]) -> list[Section]:
     return kept
 
 
-# --- the chaos soak's section of BENCHMARKS.md -----------------------------------------
+# --- the sections other commands write into BENCHMARKS.md ----------------------------------
 
 #: ``make soak`` writes its results between these lines; ``make bench`` keeps them.
 SOAK_BEGIN = "<!-- chaos soak results: written by make soak -->"
 SOAK_END = "<!-- end of chaos soak results -->"
-
-
-def soak_section(path: Path) -> str:
-    """The soak's section of an existing report (markers included), or ``""``."""
-    return _soak_section_of(path.read_text(encoding="utf-8") if path.exists() else "")
-
-
-def _soak_section_of(text: str) -> str:
-    return _marked(text, SOAK_BEGIN, SOAK_END)
-
-
-def _marked(text: str, begin_marker: str, end_marker: str) -> str:
-    """The part of ``text`` from ``begin_marker`` to ``end_marker`` (both included), or ``""``."""
-    begin, end = text.find(begin_marker), text.find(end_marker)
-    if begin < 0 or end < begin:
-        return ""
-    return text[begin : end + len(end_marker)] + "\n"
-
-
+#: ``python -m benchmarks.retention --out BENCHMARKS.md`` writes its results between these; kept too.
+RETENTION_BEGIN = "<!-- retention results: written by python -m benchmarks.retention -->"
+RETENTION_END = "<!-- end of retention results -->"
 #: The CPU profile's notes (benchmarks/hostcpu.py, written by hand from its runs); ``make bench`` keeps them.
 CPU_BEGIN = "<!-- where the CPU goes: from python -m benchmarks.hostcpu, kept by make bench -->"
 CPU_END = "<!-- end of where the CPU goes -->"
+_OWN_SECTIONS = ((CPU_BEGIN, CPU_END), (SOAK_BEGIN, SOAK_END), (RETENTION_BEGIN, RETENTION_END))
 
 
-def cpu_section(path: Path) -> str:
-    """The CPU profile's section of an existing report (markers included), or ``""``."""
-    return _cpu_section_of(path.read_text(encoding="utf-8") if path.exists() else "")
+def soak_section(path: Path) -> str:
+    """The sections other commands wrote in an existing report (the CPU notes, the soak's, the retention
+    benchmark's; markers included), or ``""``."""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    return "".join(_between(text, begin, end) for begin, end in _OWN_SECTIONS)
 
 
-def _cpu_section_of(text: str) -> str:
-    return _marked(text, CPU_BEGIN, CPU_END)
+def _between(text: str, begin_mark: str, end_mark: str) -> str:
+    begin, end = text.find(begin_mark), text.find(end_mark)
+    if begin < 0 or end < begin:
+        return ""
+    return text[begin : end + len(end_mark)] + "\n"
+
+
+def _write_between(path: Path, begin_mark: str, end_mark: str, markdown: str) -> None:
+    section = f"{begin_mark}\n{markdown.rstrip()}\n{end_mark}\n"
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    old = _between(text, begin_mark, end_mark)
+    text = text.replace(old, section) if old else text.rstrip() + ("\n\n" if text.strip() else "") + section
+    path.write_text(text, encoding="utf-8")
 
 
 def write_soak_section(path: Path, markdown: str) -> None:
     """Put ``markdown`` in the report's soak section, replacing the last one or appending it."""
-    section = f"{SOAK_BEGIN}\n{markdown.rstrip()}\n{SOAK_END}\n"
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
-    old = _soak_section_of(text)
-    text = text.replace(old, section) if old else text.rstrip() + ("\n\n" if text.strip() else "") + section
-    path.write_text(text, encoding="utf-8")
+    _write_between(path, SOAK_BEGIN, SOAK_END, markdown)
+
+
+def write_retention_section(path: Path, markdown: str) -> None:
+    """Put ``markdown`` in the report's retention section, replacing the last one or appending it."""
+    _write_between(path, RETENTION_BEGIN, RETENTION_END, markdown)
+
+
+def cpu_section(path: Path) -> str:
+    """The CPU profile's section of an existing report (markers included), or ``""``."""
+    return _between(path.read_text(encoding="utf-8") if path.exists() else "", CPU_BEGIN, CPU_END)

@@ -35,7 +35,7 @@ from benchmarks import azurite_log, capacity, ceiling, hostcpu, pipeline, recove
 from benchmarks.azurite_log import FRIENDLY, AzuriteLog, service_of
 from benchmarks.machine import describe
 from benchmarks.procstat import CpuMeter, OtherLoad
-from benchmarks.report import Report, Section, cpu_section, kept_sections, soak_section
+from benchmarks.report import Report, Section, kept_sections, soak_section
 from benchmarks.stack import BenchStack, OrderSender
 from benchmarks.sweep import IN_FLIGHT, SweepBench
 from core import names
@@ -224,8 +224,8 @@ class Runner:
 
     def finish(self) -> None:
         if self.options.out is not None:
-            # The last `make soak` results and the CPU profile's notes stay.
-            kept = "\n".join(part for part in (cpu_section(self.options.out), soak_section(self.options.out)) if part)
+            # The last `make soak` and retention benchmark results and the CPU profile's notes stay.
+            kept = soak_section(self.options.out)
             # The sections of the phases not run this time stay as the last report had them.
             measured = {section.key for section in self.report.sections}
             not_run = {key: title for key, title in TITLES.items() if key not in measured}

@@ -54,6 +54,24 @@ API_AUTH_SETTING = "API_AUTH"
 #: How many partitions the active index is spread over (docs/scale.md, "The active index, sharded").
 ACTIVE_INDEX_SHARDS_SETTING = "ACTIVE_INDEX_SHARDS"
 
+#: Retention (adapters/retention.py, README "Retention"): finished orders older than
+#: RETENTION_DAYS are archived to blob storage, then deleted, by the retention timer.
+RETENTION_DAYS_SETTING = "RETENTION_DAYS"
+#: "true": Error orders are archived and deleted too (default: they stay for an operator).
+RETENTION_INCLUDE_ERROR_SETTING = "RETENTION_INCLUDE_ERROR"
+#: The most orders one retention tick archives and deletes (its work is bounded).
+RETENTION_MAX_ORDERS_SETTING = "RETENTION_MAX_ORDERS_PER_TICK"
+RETENTION_SCHEDULE_SETTING = "RETENTION_SCHEDULE"
+#: The blob container of the archive, in ``ArchiveStorage``'s account (else the host's).
+ARCHIVE_CONTAINER_SETTING = "ARCHIVE_CONTAINER"
+#: Local tests only (the Bicep never sets it): ``exit-after-archive`` ends the process right
+#: after a retention tick's archive step, before it deletes anything, as a crash there would.
+RETENTION_FAULT_SETTING = "RETENTION_FAULT"
+RETENTION_FAULT_EXIT = "exit-after-archive"
+#: Optional: the archive's own storage account. Locally a connection string; in Azure
+#: ``ArchiveStorage__blobServiceUri`` (identity-based). Unset: ``AzureWebJobsStorage``'s account.
+ARCHIVE_STORAGE_CONNECTION = "ArchiveStorage"
+
 # --- Default names ----------------------------------------------------------------
 
 ORDERS_QUEUE = "orders"
@@ -74,6 +92,12 @@ WORKER_THREADS = 16
 
 #: NCRONTAB with seconds (six fields, seconds first): every 15 seconds.
 DEFAULT_SUPERVISOR_SCHEDULE = "*/15 * * * * *"
+#: The retention timer: every minute, each tick archiving at most RETENTION_MAX_ORDERS_PER_TICK
+#: (5,000 a minute: 7.2 million orders a day, ~83 orders/s sustained; docs/scale.md sizes it).
+DEFAULT_RETENTION_SCHEDULE = "0 * * * * *"
+DEFAULT_RETENTION_DAYS = 30
+DEFAULT_RETENTION_MAX_ORDERS = 5000
+ARCHIVE_CONTAINER = "archive"
 
 # --- The active index: one row per in-flight order, spread over shards ----------------
 # adapters/store.py writes an order's index row in the shard a stable hash of its id picks;
@@ -193,6 +217,18 @@ ERROR_GROUPS_PARTITION = f"{ERROR_PREFIX}-groups"
 #: ``POST /api/errors/{group}/resubmit``: orders resubmitted per second at most, and per request.
 BULK_RESUBMIT_RATE_SETTING = "BULK_RESUBMIT_PER_SECOND"
 BULK_RESUBMIT_BATCH_SETTING = "BULK_RESUBMIT_BATCH"
+# --- The finished index: one row per finished order, by the UTC day it ended and shard ----
+# adapters/finished.py writes it when an order ends, before the order leaves the active
+# index; the retention timer walks the days that are due (core/retention.py).
+
+#: ``_finished-2026-11-25-007``: the day the order ended, then the shard the same hash as
+#: the active index picks (a single day partition would cap near 2,000 entities/s).
+FINISHED_PREFIX = "_finished"
+
+
+def finished_partition(day: str, shard: int) -> str:
+    """The PartitionKey of one shard of one day of the finished index."""
+    return f"{FINISHED_PREFIX}-{day}-{shard:03d}"
 
 
 # --- Per remote service (one agent function and one request queue each) -------------
@@ -318,6 +354,8 @@ NAME_SETTINGS: dict[str, str] = {
     **{setting: name for name, setting in STORAGE_QUEUES},
     **{setting: name for name, setting in TABLES},
     SUPERVISOR_SCHEDULE_SETTING: DEFAULT_SUPERVISOR_SCHEDULE,
+    RETENTION_SCHEDULE_SETTING: DEFAULT_RETENTION_SCHEDULE,
+    ARCHIVE_CONTAINER_SETTING: ARCHIVE_CONTAINER,
 }
 
 # --- Telemetry: where it goes, and the names of spans, attributes and metrics -----------

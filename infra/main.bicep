@@ -75,6 +75,21 @@ param maxFailures int = 3
 @description('SUPERVISOR_SCHEDULE: NCRONTAB with seconds (six fields) for the supervisor\'s timer.')
 param supervisorSchedule string = '*/15 * * * * *'
 
+@minValue(0)
+@description('RETENTION_DAYS: finished orders that ended this many days ago or more are archived to blob storage, then deleted (README "Retention").')
+param retentionDays int = 30
+
+@description('RETENTION_INCLUDE_ERROR: archive and delete Error orders too.')
+param retentionIncludeError bool = false
+
+@minValue(1)
+@maxValue(100000)
+@description('RETENTION_MAX_ORDERS_PER_TICK: the most orders one retention tick archives and deletes.')
+param retentionMaxOrdersPerTick int = 5000
+
+@description('RETENTION_SCHEDULE: NCRONTAB with seconds (six fields) for the retention timer.')
+param retentionSchedule string = '0 * * * * *'
+
 @description('PYTHON_THREADPOOL_THREAD_COUNT: threads of the Python worker\'s pool for sync functions, per instance (set explicitly; see resources.bicep).')
 @minValue(1)
 param workerThreads int = 16
@@ -191,6 +206,10 @@ module resources 'resources.bicep' = [for stamp in range(0, stamps): {
     pendingTimeoutSeconds: pendingTimeoutSeconds
     maxFailures: maxFailures
     supervisorSchedule: supervisorSchedule
+    retentionDays: retentionDays
+    retentionIncludeError: retentionIncludeError
+    retentionMaxOrdersPerTick: retentionMaxOrdersPerTick
+    retentionSchedule: retentionSchedule
     workerThreads: workerThreads
     maximumInstanceCount: maximumInstanceCount
     instanceMemoryMB: instanceMemoryMB

@@ -153,6 +153,22 @@ param serviceBusScaleMonitoring bool = true
 @description('This deployment\'s place among the stamps (main.bicep stamps; core/names.py stamp_of picks each order\'s). 0: the only deployment, or the first stamp: its names are those of a deployment without stamps.')
 param stamp int = 0
 
+// Retention (adapters/retention.py, README "Retention").
+@minValue(0)
+@description('RETENTION_DAYS: finished orders that ended this many days ago or more are archived to the archive container as JSON lines, then deleted from the table.')
+param retentionDays int = 30
+
+@description('RETENTION_INCLUDE_ERROR: archive and delete Error orders too (default: they stay for an operator).')
+param retentionIncludeError bool = false
+
+@minValue(1)
+@maxValue(100000)
+@description('RETENTION_MAX_ORDERS_PER_TICK: the most orders one retention tick archives and deletes.')
+param retentionMaxOrdersPerTick int = 5000
+
+@description('RETENTION_SCHEDULE: NCRONTAB with seconds (six fields) for the retention timer.')
+param retentionSchedule string = '0 * * * * *'
+
 // The status API (api/): who may call it.
 @description('Application (client) id of the status API\'s Microsoft Entra ID app registration, with the app roles Orders.Read and Orders.Operate (docs/deploy.md creates it). Set: App Service Authentication admits only tokens for it, and the API checks the caller\'s role (API_AUTH=easyauth). Empty: no authentication is configured and the API refuses every call (API_AUTH=disabled).')
 param apiClientId string = ''
@@ -175,6 +191,8 @@ var orderEventsQueueName = 'order-events'
 var cancellationsQueueName = 'order-cancellations'
 var agentResponsesQueueName = 'agent-responses'
 var alertsQueueName = 'alerts'
+// The retention archive's container (core/names.py ARCHIVE_CONTAINER), in the host's account.
+var archiveContainerName = 'archive'
 var schedulerQueueName = 'scheduler'
 // The scheduler's queues, one per shard (core/names.py SCHEDULER_QUEUE_SHARDS: an order's
 // nudges all go to the queue its id picks, each queue read by a function of its own), and
@@ -380,6 +398,7 @@ module storage 'core/storage/storage-account.bicep' = {
     location: location
     tags: tags
     deploymentContainerName: deploymentContainerName
+    archiveContainerName: archiveContainerName
     // The Functions host moves a nudge that failed maxDequeueCount times (host.json)
     // to <queue>-poison. Provisioned up front so it exists, empty, where the operator
     // looks. (A poisoned nudge loses no order: the supervisor re-nudges the row.)
@@ -482,6 +501,17 @@ module functionApp 'app/function-app.bicep' = {
       PENDING_TIMEOUT_SECONDS: string(pendingTimeoutSeconds)
       MAX_FAILURES: string(maxFailures)
       SUPERVISOR_SCHEDULE: supervisorSchedule
+      // Retention: the archive (a container of the host's account, identity-based through
+      // ArchiveStorage so the host's own AzureWebJobsStorage settings stay as they are), how
+      // old a finished order gets, and the timer (adapters/retention.py).
+      ArchiveStorage__blobServiceUri: storage.outputs.blobEndpoint
+      ArchiveStorage__credential: 'managedidentity'
+      ArchiveStorage__clientId: identity.outputs.clientId
+      ARCHIVE_CONTAINER: archiveContainerName
+      RETENTION_DAYS: string(retentionDays)
+      RETENTION_INCLUDE_ERROR: retentionIncludeError ? 'true' : 'false'
+      RETENTION_MAX_ORDERS_PER_TICK: string(retentionMaxOrdersPerTick)
+      RETENTION_SCHEDULE: retentionSchedule
       // Partitions of the active index (adapters/store.py); any change is safe with
       // orders in flight (docs/scale.md, "The active index, sharded").
       ACTIVE_INDEX_SHARDS: string(activeIndexShards)

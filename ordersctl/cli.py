@@ -1,5 +1,5 @@
 """Commands: send-order, watch-status, status, list, errors, alerts, dead-letters, rejections, resubmit, cancel,
-backfill-customers, stamp, approve, reject.
+backfill-customers, stamp, approve, reject, archive show.
 
 Exit codes: 0 success, 1 a clear failure (not found, refused, invalid), 2 usage.
 """
@@ -518,6 +518,27 @@ def cancel(
         return
     out.print(f"order [bold]{order_id}[/bold] cancel recorded ({done.state.process_state.value}, step "
               f"{done.state.step}): the step in flight settles, then the order is undone")
+
+
+archive_app = typer.Typer(no_args_is_help=True, help="Finished orders archived by retention (blob storage).")
+app.add_typer(archive_app, name="archive")
+
+
+@archive_app.command("show")
+def archive_show(
+    day: Annotated[str, typer.Argument(help="The UTC day the orders ended, YYYY-MM-DD.")],
+    order: Annotated[str | None, typer.Option("--order", help="Print this order's archived document only.")] = None,
+    full: Annotated[bool, typer.Option("--full", help="Every order's whole document, not a summary.")] = False,
+    settings: SettingsFile = None,
+) -> None:
+    """A day's archived orders as JSON ({"day", "orders", "count"}), or with --order ID that
+    order's document as the status API showed it; exit 1 when not archived."""
+    from ordersctl.archive import NotArchived, show
+
+    try:
+        print(show(_context(settings).services.archive(), day, order=order, full=full))
+    except (ValueError, NotArchived) as error:
+        raise fail(str(error)) from error
 
 
 def main() -> None:

@@ -19,6 +19,8 @@ ERRORS_FUNCTIONS = {"list_errors", "get_error_group", "resubmit_error_group"}
 API_FUNCTIONS = {"get_order", "list_orders", "resubmit_order", "cancel_order_api", "get_order_trace", "post_order_event"}
 #: The operator page (api/ops.py): behind the same Easy Auth, with the same roles.
 PAGE_FUNCTIONS = {"ops_page", "ops_asset", "ops_me", "ops_counts"}
+#: The retention archive's reads (api/archive.py): same Easy Auth, same reader role.
+ARCHIVE_FUNCTIONS = {"list_archived", "get_archived_order"}
 
 
 def auth_configs(deployment: bicep.Deployment) -> list[bicep.Resource]:
@@ -75,10 +77,13 @@ def test_no_deployment_turns_the_check_off(client_id):
 def test_the_api_functions_are_anonymous_http_functions(function_bindings):
     http = {name: bindings for name, bindings in function_bindings.items()
             if any(b["type"] == "httpTrigger" for b in bindings)}
-    assert set(http) == API_FUNCTIONS | ERRORS_FUNCTIONS | PAGE_FUNCTIONS
+    assert set(http) == API_FUNCTIONS | ERRORS_FUNCTIONS | PAGE_FUNCTIONS | ARCHIVE_FUNCTIONS
     for name, bindings in http.items():
         (trigger,) = [b for b in bindings if b["type"] == "httpTrigger"]
         # Easy Auth authenticates; a function key would only add a shared secret to leak.
         assert trigger["authLevel"] == "ANONYMOUS", name
-        prefix = "ops" if name in PAGE_FUNCTIONS else "errors" if name in ERRORS_FUNCTIONS else "orders"
+        prefix = (
+            "ops" if name in PAGE_FUNCTIONS else "errors" if name in ERRORS_FUNCTIONS
+            else "archive" if name in ARCHIVE_FUNCTIONS else "orders"
+        )
         assert trigger["route"].startswith(prefix), name

@@ -16,6 +16,7 @@ from tests.infra.conftest import DEVELOPER_ID, bicep_files
 #: each id is the "name" in the role's JSON definition there.
 BUILT_IN_ROLES = {
     "b7e6dc6d-f1e8-4753-8033-0f276bb0955b": "Storage Blob Data Owner",  # Storage
+    "ba92f5b4-2d11-453d-a403-e96b0029c9fe": "Storage Blob Data Contributor",  # Storage
     "974c5e8b-45b9-4653-ba55-5f855dd0fb88": "Storage Queue Data Contributor",  # Storage
     "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3": "Storage Table Data Contributor",  # Storage
     "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39": "Azure Service Bus Data Sender",  # Integration
@@ -28,8 +29,10 @@ ROLE_ASSIGNMENT = "Microsoft.Authorization/roleAssignments"
 GUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
 
 #: Roles and the resource type they are granted on.
+ARCHIVE_CONTAINER = "Microsoft.Storage/storageAccounts/blobServices/containers"
 APP_ROLES = {
     ("Storage Blob Data Owner", "Microsoft.Storage/storageAccounts"),
+    ("Storage Blob Data Contributor", ARCHIVE_CONTAINER),  # retention's archive, that container only
     ("Storage Queue Data Contributor", "Microsoft.Storage/storageAccounts"),
     ("Storage Table Data Contributor", "Microsoft.Storage/storageAccounts"),
     ("Azure Service Bus Data Sender", "Microsoft.ServiceBus/namespaces"),
@@ -41,6 +44,7 @@ APP_ROLES = {
 #: What the developer gets with principalId: the data roles, to run the operator CLI.
 DEVELOPER_ROLES = {
     ("Storage Blob Data Owner", "Microsoft.Storage/storageAccounts"),
+    ("Storage Blob Data Contributor", ARCHIVE_CONTAINER),
     ("Storage Queue Data Contributor", "Microsoft.Storage/storageAccounts"),
     ("Storage Table Data Contributor", "Microsoft.Storage/storageAccounts"),
     ("Azure Service Bus Data Sender", "Microsoft.ServiceBus/namespaces"),

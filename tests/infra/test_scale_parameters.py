@@ -101,7 +101,8 @@ def test_a_separate_state_account_holds_the_tables_and_the_app_reaches_it_by_ide
     }
     assert roles_by_account == {
         "state": {"Storage Table Data Contributor"},
-        "host": {"Storage Blob Data Owner", "Storage Queue Data Contributor"},
+        # The host's blobs and queues, and the retention archive's container.
+        "host": {"Storage Blob Data Owner", "Storage Queue Data Contributor", "Storage Blob Data Contributor"},
     }
     # The app builds its settings from exactly that and points its tables at the state account.
     for key in list(settings):
@@ -159,7 +160,8 @@ def test_several_state_accounts_each_hold_the_tables_and_the_app_lists_them_in_o
     (host_module,) = resources.modules["storage"]
     assert host_module.of_type(TABLE) == []  # the scheduler's queues stay in the host's account
     host_roles = {role for role, *_ in assignments(host_module)}
-    assert host_roles == {"Storage Blob Data Owner", "Storage Queue Data Contributor"}
+    # The host: its blobs, its queues, and the retention archive's container (not the tables).
+    assert host_roles == {"Storage Blob Data Owner", "Storage Queue Data Contributor", "Storage Blob Data Contributor"}
     # Distinct names of at most 24 characters: sts + the 13-character resource token + the index.
     template = (ROOT / "infra" / "resources.bicep").read_text()
     assert "i == 0 ? 'sts${resourceToken}' : 'sts${resourceToken}${i}'" in template

@@ -50,7 +50,7 @@ from adapters.store import RejectionStore, StateStore, line_key
 from agents import agent
 from agents.breaker import BreakerOpen
 from agents.remote import DeadlineReached, PermanentRemoteError, TransientRemoteError
-from core import liveness
+from core import liveness, retention
 from core.lifecycle import SupervisorPolicy
 from core.liveness import Timing
 from core.models import (
@@ -831,6 +831,9 @@ class ProtocolModel(RuleBasedStateMachine):
             assert not problems, f"{state.order_id}: illegal state row: {problems}\n{state!r}"
             if not state.process_state.terminal:
                 assert state.order_id in indexed, f"{state.order_id} is in flight but not in the active index"
+            elif state.order_id not in indexed:  # closed: retention's finished index names its end
+                key = retention.finished_row(state.order_id, state.updated_at, self.store.shards)
+                assert key[1] in self.table.rows(key[0]), f"{state.order_id} closed without its finished-index row {key}"
 
     def at_most_one_unfenced_request_per_order(self, states) -> None:
         for state in states:

@@ -12,6 +12,9 @@ param tags object = {}
 @description('Blob container that holds the function app\'s deployment package. Empty: an account for tables only (no blob role granted).')
 param deploymentContainerName string = ''
 
+@description('Blob container of the retention archive (README "Retention"). Empty: none.')
+param archiveContainerName string = ''
+
 @description('Storage queues to create.')
 param queueNames array
 
@@ -23,6 +26,7 @@ param dataPrincipals array
 
 // Built-in role definition ids (Azure built-in roles, Storage category).
 var storageBlobDataOwnerRoleId = 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b' // Storage Blob Data Owner
+var storageBlobDataContributorRoleId = 'ba92f5b4-2d11-453d-a403-e96b0029c9fe' // Storage Blob Data Contributor
 var storageQueueDataContributorRoleId = '974c5e8b-45b9-4653-ba55-5f855dd0fb88' // Storage Queue Data Contributor
 var storageTableDataContributorRoleId = '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3' // Storage Table Data Contributor
 
@@ -63,6 +67,15 @@ resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/con
   }
 }
 
+// The retention archive: finished orders as JSON lines, one blob per day (adapters/archive.py).
+resource archiveContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = if (!empty(archiveContainerName)) {
+  parent: blobService
+  name: archiveContainerName
+  properties: {
+    publicAccess: 'None'
+  }
+}
+
 resource queueService 'Microsoft.Storage/storageAccounts/queueServices@2023-05-01' = {
   parent: storage
   name: 'default'
@@ -90,6 +103,20 @@ resource blobDataOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = [f
   scope: storage
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageBlobDataOwnerRoleId)
+    principalId: principal.id
+    principalType: principal.type
+  }
+}]
+
+// Blob, the archive's container only: retention writes (Put Block, Put Block List), the API
+// and ordersctl read. Scoped to the container (learn.microsoft.com/azure/storage/blobs/
+// assign-azure-role-data-access, read 2026-11-25): what retention needs, whatever role the
+// host holds on the account (today Blob Data Owner, above, for its package and leases).
+resource archiveDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for principal in dataPrincipals: if (!empty(archiveContainerName)) {
+  name: guid(archiveContainer.id, principal.id, storageBlobDataContributorRoleId)
+  scope: archiveContainer
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', storageBlobDataContributorRoleId)
     principalId: principal.id
     principalType: principal.type
   }
