@@ -16,7 +16,8 @@ and for each day:
 
 A crash anywhere loses nothing (an order's rows go only after its block is committed) and
 archives nothing twice (a committed batch is recognised by its id). The cost is O(what it
-deletes): the due rows returned, one partition read and one delete per order, a few
+deletes): the due rows returned, one partition read, one delete and its search-index rows'
+deletes (adapters.search.forget) per order, a few
 transactions of index rows per 100, and a few blob requests per day; never the table.
 """
 

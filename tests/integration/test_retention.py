@@ -204,7 +204,9 @@ def test_each_tick_does_bounded_work_whatever_waits(store, archive):
     # batch spans one mark and one delete transaction, and the due ranges' queries: bounded by
     # what the tick deletes, whatever is left behind (15 orders after the first tick).
     for (table, blob), orders in zip(costs, (10, 10, 5)):
-        assert table <= 2 * orders + 2 * min(orders, store.shards) + 2, costs
+        # (3 per order: its partition read, its delete, and its customer-index row's delete
+        # by adapters.search.forget; none of these orders ended in Error.)
+        assert table <= 3 * orders + 2 * min(orders, store.shards) + 2, costs
         assert blob <= 5, costs  # list the day's blobs, its block list, stage, commit (and the container once)
     assert len(archived(archive, retention.day_of(DAYS_AGO_3))) == 25
 
