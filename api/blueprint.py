@@ -38,28 +38,33 @@ def _respond(reply: orders.Reply) -> func.HttpResponse:
     return func.HttpResponse(body, status_code=reply.status, headers=reply.headers, mimetype=reply.mimetype)
 
 
+def _read(req: func.HttpRequest, action) -> func.HttpResponse:
+    """A GET for the reader role (an operator may read too)."""
+    return _respond(
+        orders.serve(req.method, req.headers, methods=("GET",), roles=access.READ_ROLES,
+                     mode=get_settings().api_auth, action=action)
+    )
+
+
+def _operate(req: func.HttpRequest, action) -> func.HttpResponse:
+    """A POST for the operator role."""
+    return _respond(
+        orders.serve(req.method, req.headers, methods=("POST",), roles=access.OPERATE_ROLES,
+                     mode=get_settings().api_auth, action=action)
+    )
+
+
 @bp.function_name("get_order")
 @bp.route(route="orders/{id}", auth_level=func.AuthLevel.ANONYMOUS)
 def get_order(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(
-        orders.serve(
-            req.method, req.headers, methods=("GET",), roles=access.READ_ROLES, mode=get_settings().api_auth,
-            action=lambda: orders.get_order(req.route_params.get("id"), store=services().store),
-        )
-    )
+    return _read(req, lambda: orders.get_order(req.route_params.get("id"), store=services().store))
 
 
 @bp.function_name("list_orders")
 @bp.route(route="orders", auth_level=func.AuthLevel.ANONYMOUS)
 def list_orders(req: func.HttpRequest) -> func.HttpResponse:
-    return _respond(
-        orders.serve(
-            req.method, req.headers, methods=("GET",), roles=access.READ_ROLES, mode=get_settings().api_auth,
-            action=lambda: (search.list_by_customer if "customer" in req.params else orders.list_orders)(
-                req.params, store=services().store
-            ),
-        )
-    )
+    listing = search.list_by_customer if "customer" in req.params else orders.list_orders
+    return _read(req, lambda: listing(req.params, store=services().store))
 
 
 @bp.function_name("resubmit_order")
@@ -72,12 +77,7 @@ def resubmit_order(req: func.HttpRequest) -> func.HttpResponse:
             pending_timeout=s.settings.pending_timeout,
         )
 
-    return _respond(
-        orders.serve(
-            req.method, req.headers, methods=("POST",), roles=access.OPERATE_ROLES, mode=get_settings().api_auth,
-            action=action,
-        )
-    )
+    return _operate(req, action)
 
 
 # --- Error orders by cause (api/search.py) ------------------------------------------------
@@ -106,12 +106,7 @@ def resubmit_error_group(req: func.HttpRequest) -> func.HttpResponse:
             batch=s.settings.bulk_resubmit_batch,
         )
 
-    return _respond(
-        orders.serve(
-            req.method, req.headers, methods=("POST",), roles=access.OPERATE_ROLES, mode=get_settings().api_auth,
-            action=action,
-        )
-    )
+    return _operate(req, action)
 
 
 @bp.function_name("post_order_event")
@@ -125,12 +120,7 @@ def post_order_event(req: func.HttpRequest) -> func.HttpResponse:
             scheduler=scheduler(services()), now=utcnow(),
         )
 
-    return _respond(
-        orders.serve(
-            req.method, req.headers, methods=("POST",), roles=access.OPERATE_ROLES, mode=get_settings().api_auth,
-            action=action,
-        )
-    )
+    return _operate(req, action)
 
 
 @bp.function_name("cancel_order_api")
@@ -143,23 +133,10 @@ def cancel_order_api(req: func.HttpRequest) -> func.HttpResponse:
             store=s.store, publisher=s.publisher, nudger=s.nudger, now=utcnow(),
         )
 
-    return _respond(
-        orders.serve(
-            req.method, req.headers, methods=("POST",), roles=access.OPERATE_ROLES, mode=get_settings().api_auth,
-            action=action,
-        )
-    )
+    return _operate(req, action)
 
 
 # --- the operator page (api/ops.py) ------------------------------------------------------
-
-
-def _read(req: func.HttpRequest, action) -> func.HttpResponse:
-    """A GET for the reader role (an operator may read too)."""
-    return _respond(
-        orders.serve(req.method, req.headers, methods=("GET",), roles=access.READ_ROLES,
-                     mode=get_settings().api_auth, action=action)
-    )
 
 
 @bp.function_name("ops_page")
