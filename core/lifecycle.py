@@ -485,9 +485,7 @@ def nothing_in_flight(state: OrderState, workflow: Workflow | None) -> bool:
     """A Processing action line that sent no request to any remote: a step that waits for
     an external event (``Step.wait_for``) instead of calling a remote.
     Nothing there can still take effect, so a cancel need not wait for its deadline."""
-    if workflow is None or state.process_state is not ProcessState.PROCESSING or state.kind is not Kind.ACTION:
-        return False
-    return step_of(state, workflow).waiting
+    return workflow is not None and waiting_for(state, workflow) is not None
 
 
 def request_cancel(
