@@ -67,6 +67,11 @@ param stepTimeoutSeconds int = 30
 @description('PENDING_TIMEOUT_SECONDS: how long a Pending order may wait for the scheduler before the supervisor nudges it again.')
 param pendingTimeoutSeconds int = 30
 
+@minValue(0)
+@maxValue(3600)
+@description('RESPONSE_GRACE_SECONDS: how long past an attempt\'s deadline its answer is awaited at most while the responses queue still holds one sent in time; above the queues\' 60-s lock duration, which a delivery stranded on a dropped link waits out (docs/scale.md).')
+param responseGraceSeconds int = 90
+
 @minValue(1)
 @maxValue(100)
 @description('MAX_FAILURES: expired attempts after which a step gives up: it and the steps before it are undone, or, if it cannot be undone, the order goes to Error and the operator is alerted (default for steps whose policy sets none).')
@@ -204,6 +209,7 @@ module resources 'resources.bicep' = [for stamp in range(0, stamps): {
     principalType: principalType
     stepTimeoutSeconds: stepTimeoutSeconds
     pendingTimeoutSeconds: pendingTimeoutSeconds
+    responseGraceSeconds: responseGraceSeconds
     maxFailures: maxFailures
     supervisorSchedule: supervisorSchedule
     retentionDays: retentionDays

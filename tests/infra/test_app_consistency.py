@@ -288,6 +288,7 @@ def test_settings_validate_from_the_deployed_app_settings(deployed_settings, mon
 TUNING = {
     "STEP_TIMEOUT_SECONDS": ("stepTimeoutSeconds", 41, "41"),
     "PENDING_TIMEOUT_SECONDS": ("pendingTimeoutSeconds", 43, "43"),
+    "RESPONSE_GRACE_SECONDS": ("responseGraceSeconds", 120, "120"),
     "MAX_FAILURES": ("maxFailures", 7, "7"),
     "SUPERVISOR_SCHEDULE": ("supervisorSchedule", "*/30 * * * * *", "*/30 * * * * *"),
 }
