@@ -281,6 +281,7 @@ def test_settings_validate_from_the_deployed_app_settings(deployed_settings, mon
         assert settings.remote_url(remote) == remote_url(remote)
     assert settings.supervisor_schedule == names.DEFAULT_SUPERVISOR_SCHEDULE
     assert (settings.step_timeout_seconds, settings.pending_timeout_seconds, settings.max_failures) == (30, 30, 3)
+    assert settings.approval_timeout_seconds == names.DEFAULT_APPROVAL_TIMEOUT_SECONDS
 
 
 #: App setting -> (main.bicep parameter, a value to pass, what the setting must become).
@@ -289,6 +290,7 @@ TUNING = {
     "STEP_TIMEOUT_SECONDS": ("stepTimeoutSeconds", 41, "41"),
     "PENDING_TIMEOUT_SECONDS": ("pendingTimeoutSeconds", 43, "43"),
     "MAX_FAILURES": ("maxFailures", 7, "7"),
+    "APPROVAL_TIMEOUT_SECONDS": ("approvalTimeoutSeconds", 3600, "3600"),
     "SUPERVISOR_SCHEDULE": ("supervisorSchedule", "*/30 * * * * *", "*/30 * * * * *"),
 }
 
