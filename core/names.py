@@ -204,9 +204,19 @@ def scheduler_queue_setting(shard: int) -> str:
     return f"{SCHEDULER_QUEUE_SETTING}_{shard}"
 
 
+#: The scheduler function on the single queue of before the sharding (it drains it).
+SCHEDULE_FUNCTION = "schedule_order"
+
+
 def schedule_function(shard: int) -> str:
     """The scheduler function on that queue, e.g. ``schedule_order_3``."""
-    return f"schedule_order_{shard}"
+    return f"{SCHEDULE_FUNCTION}_{shard}"
+
+
+def schedule_functions() -> tuple[str, ...]:
+    """Every function that claims lines from a scheduler queue: each shard's, and the drain's.
+    Disabling them all (``AzureWebJobs.<name>.Disabled``) holds every claim back."""
+    return (*(schedule_function(shard) for shard in range(SCHEDULER_QUEUE_SHARDS)), SCHEDULE_FUNCTION)
 
 
 def active_partition(shard: int) -> str:

@@ -145,8 +145,10 @@ def test_every_scheduler_queue_is_read_by_one_function_of_its_own(function_bindi
                 assert binding.get("connection") == names.STORAGE_CONNECTION, function
             assert binding["type"] != "queue", f"{function}: nudges go through the Nudger, to the order's queue"
     expected = {name: [names.schedule_function(shard)] for shard, (name, _) in enumerate(names.SCHEDULER_QUEUES)}
-    expected[names.SCHEDULER_QUEUE] = ["schedule_order"]
+    expected[names.SCHEDULER_QUEUE] = [names.SCHEDULE_FUNCTION]
     assert readers == expected
+    # Disabling these holds every claim back (tests/e2e/test_cancel_before_claim.py).
+    assert sorted(names.schedule_functions()) == sorted(f for readers_of in expected.values() for f in readers_of)
     assert len(names.SCHEDULER_QUEUES) == names.SCHEDULER_QUEUE_SHARDS
     assert {deployed_settings[setting] for _, setting in names.SCHEDULER_QUEUES} <= names_of(deployment, STORAGE_QUEUE)
 
