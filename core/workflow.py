@@ -123,7 +123,9 @@ class Step:
         policy = self.policy.over(defaults)
         if self.waiting and self.policy.timeout_seconds is None:
             if defaults.wait_timeout_seconds is None:
-                raise ValueError(f"waiting step {self.name!r} has no deadline: the defaults set no wait_timeout_seconds")
+                raise ValueError(
+                    f"waiting step {self.name!r} has no deadline: the defaults set no wait_timeout_seconds"
+                )
             policy = replace(policy, timeout_seconds=defaults.wait_timeout_seconds)
         return policy
 
