@@ -121,6 +121,13 @@ class Settings(BaseSettings):
     #: may be held up in the app's own queues under Azure's push-back (docs/scale.md, "The
     #: soak under push-back"). 0: judged at the deadline.
     response_grace_seconds: float = _setting("RESPONSE_GRACE_SECONDS", 0.0, ge=0, le=3600)
+    #: A waiting step's deadline (an approval) when its workflow fixes none: the line's
+    #: Complete-By is its claim plus this; past it the supervisor gives the wait up and the
+    #: steps before it are undone (docs/workflows.md, "Waiting steps").
+    approval_timeout_seconds: PositiveSeconds = _setting(
+        names.APPROVAL_TIMEOUT_SETTING, names.DEFAULT_APPROVAL_TIMEOUT_SECONDS,
+        le=names.MAX_APPROVAL_TIMEOUT_SECONDS,
+    )
     #: Failures (expired attempts) after which an order goes to Error + alert.
     max_failures: int = _setting("MAX_FAILURES", 3, ge=1, le=100)
     #: The supervisor's retry nudge waits base * 2**(failures-1), capped.
@@ -234,6 +241,7 @@ class Settings(BaseSettings):
             agent_max_calls=self.agent_max_calls,
             agent_backoff_initial=self.agent_backoff_initial_seconds,
             agent_backoff_max=self.agent_backoff_max_seconds,
+            wait_timeout_seconds=self.approval_timeout_seconds,
         )
 
     def telemetry_identity(self) -> tuple[bool, str | None]:

@@ -229,7 +229,7 @@ class _Payloads:
         # Service Bus bodies: the request of a middle step (it carries the results so far);
         # its response is the same context echoed, plus the remote's result.
         nxt = CURRENT.steps[step.state.step_index]
-        policy = nxt.policy.over(defaults)
+        policy = nxt.policy_over(defaults)
         self.request = AgentRequest(
             order_id=order.order_id, step=nxt.name, kind=step.state.kind, action=nxt.action, remote=nxt.remote,
             attempt=step.state.attempt, complete_by=step.state.complete_by,

@@ -98,7 +98,7 @@ def _start(
 ) -> OrderState:
     """Processing for line (index, kind), claimed by ``instance`` with a new attempt."""
     step = workflow.steps[index]
-    policy = step.policy.over(defaults)
+    policy = step.policy_over(defaults)
     if (index, kind) != (state.step_index, state.kind):
         changes.setdefault("postponements", 0)  # a new line starts with none
     return state.model_copy(
@@ -555,7 +555,7 @@ def _cancel_pending(
     give-up after that timeout, as :func:`postpone` does when failures run out; the
     give-up then undoes the order (:func:`give_up`, with the cancel as cause)."""
     if state.postponements > 0:
-        timeout = timedelta(seconds=step_of(state, workflow).policy.over(defaults).timeout_seconds)
+        timeout = timedelta(seconds=step_of(state, workflow).policy_over(defaults).timeout_seconds)
         wait = state.model_copy(
             update={
                 "gave_up": True, "postponements": 0, "failure_count": state.failure_count + 1, "locked_by": None,
@@ -651,6 +651,11 @@ class SupervisorPolicy:
     #: How long an agent's send of its answer may take after Complete-By (its Service Bus
     #: client's retries of a throttled or dropped send).
     send_slack: timedelta = timedelta(0)
+    #: The shortest deadline any line is given (core.workflow.shortest_timeout: a waiting
+    #: step's APPROVAL_TIMEOUT_SECONDS, or a step's own timeout, may be shorter than
+    #: STEP_TIMEOUT_SECONDS); None: ``step_timeout``. The sweep skips orders indexed more
+    #: recently than this and ``pending_timeout``: none of them can have expired.
+    shortest_timeout: timedelta | None = None
 
 
 @dataclass(frozen=True)

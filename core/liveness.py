@@ -112,7 +112,7 @@ def order_bound(
     total = timedelta(0)
     for index, _ in remaining_lines(workflow, step_index, kind):
         step = workflow.steps[index]
-        total += line_bound(step.policy.over(defaults), timing)
+        total += line_bound(step.policy_over(defaults), timing)
         if outage > timedelta(0) and outage_remote in (None, step.remote):
             total += outage + 2 * postponement_wait(timing)
     return total

@@ -147,8 +147,9 @@ class OrderRequest(_Message):
     workflow: WorkflowName | None = Field(
         None,
         description="The workflow the order runs on, by name (its newest version): order (reserve, charge, ship; "
-        "the default when absent) or order-approval (reserve, then wait up to a day for an approval, then charge, "
-        "ship). The client chooses: README, \"Workflows\".",
+        "the default when absent) or order-approval (reserve, then wait for an approval until the deployment's "
+        "deadline, APPROVAL_TIMEOUT_SECONDS, a day by default, then charge, ship). The client chooses: README, "
+        "\"Workflows\".",
     )
 
     @model_validator(mode="after")

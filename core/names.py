@@ -54,6 +54,13 @@ API_AUTH_SETTING = "API_AUTH"
 #: How many partitions the active index is spread over (docs/scale.md, "The active index, sharded").
 ACTIVE_INDEX_SHARDS_SETTING = "ACTIVE_INDEX_SHARDS"
 
+#: A waiting step's deadline (an approval: core.workflow.APPROVAL_WORKFLOW), in seconds, when
+#: its workflow fixes none: the Complete-By recorded when the line starts waiting is the claim
+#: time plus this (docs/workflows.md, "Waiting steps"). A day by default, a year at most.
+APPROVAL_TIMEOUT_SETTING = "APPROVAL_TIMEOUT_SECONDS"
+DEFAULT_APPROVAL_TIMEOUT_SECONDS = 24 * 60 * 60
+MAX_APPROVAL_TIMEOUT_SECONDS = 365 * 24 * 60 * 60
+
 #: Retention (adapters/retention.py, README "Retention"): finished orders older than
 #: RETENTION_DAYS are archived to blob storage, then deleted, by the retention timer.
 RETENTION_DAYS_SETTING = "RETENTION_DAYS"
@@ -197,9 +204,19 @@ def scheduler_queue_setting(shard: int) -> str:
     return f"{SCHEDULER_QUEUE_SETTING}_{shard}"
 
 
+#: The scheduler function on the single queue of before the sharding (it drains it).
+SCHEDULE_FUNCTION = "schedule_order"
+
+
 def schedule_function(shard: int) -> str:
     """The scheduler function on that queue, e.g. ``schedule_order_3``."""
-    return f"schedule_order_{shard}"
+    return f"{SCHEDULE_FUNCTION}_{shard}"
+
+
+def schedule_functions() -> tuple[str, ...]:
+    """Every function that claims lines from a scheduler queue: each shard's, and the drain's.
+    Disabling them all (``AzureWebJobs.<name>.Disabled``) holds every claim back."""
+    return (*(schedule_function(shard) for shard in range(SCHEDULER_QUEUE_SHARDS)), SCHEDULE_FUNCTION)
 
 
 def active_partition(shard: int) -> str:

@@ -41,9 +41,12 @@ class StepPolicy:
     ``agent_max_calls``           ``AGENT_MAX_CALLS``
     ``agent_backoff_initial``     ``AGENT_BACKOFF_INITIAL_SECONDS``
     ``agent_backoff_max``         ``AGENT_BACKOFF_MAX_SECONDS``
+    ``wait_timeout_seconds``      ``APPROVAL_TIMEOUT_SECONDS``
     ============================  =====================================
 
-    A compensation runs with the policy of the step it undoes.
+    A compensation runs with the policy of the step it undoes. ``wait_timeout_seconds`` is
+    read from the defaults only: a waiting step's deadline when its own ``timeout_seconds``
+    is unset (:meth:`Step.policy_over`).
     """
 
     timeout_seconds: float | None = None
@@ -51,6 +54,7 @@ class StepPolicy:
     agent_max_calls: int | None = None
     agent_backoff_initial: float | None = None
     agent_backoff_max: float | None = None
+    wait_timeout_seconds: float | None = None
 
     def over(self, defaults: StepPolicy) -> StepPolicy:
         """This policy with every unset field taken from ``defaults``."""
@@ -63,7 +67,8 @@ class StepPolicy:
 class Step:
     """A step at a remote service (``remote``, ``action``), or a waiting step
     (``wait_for``): one that calls no remote but waits for an external event (an
-    approval) until its deadline, ``policy.timeout_seconds``. A waiting step has no agent
+    approval) until its deadline: ``policy.timeout_seconds`` when the workflow fixes one,
+    else the app setting ``APPROVAL_TIMEOUT_SECONDS`` (:meth:`policy_over`). A waiting step has no agent
     and no queue, nothing to undo (``compensate`` stays None; an undo skips it), and one
     attempt: its deadline passing is a give-up, and the scheduler then undoes the steps
     before it (docs/workflows.md, "Waiting steps")."""
@@ -101,8 +106,6 @@ class Step:
                 raise ValueError(f"{what} name {value!r} must be lower-case letters and digits, starting with a letter")
         if self.remote or self.action or self.compensate is not None or self.lookup:
             raise ValueError(f"waiting step {self.name!r} calls no remote: no remote, action, compensation or lookup")
-        if self.policy.timeout_seconds is None:
-            raise ValueError(f"waiting step {self.name!r} needs its deadline: policy timeout_seconds")
         if self.policy.max_failures not in (None, 1):
             raise ValueError(f"waiting step {self.name!r} has one attempt: its deadline passing is a give-up")
         # One attempt: the supervisor's generic expiry of the line is the give-up.
@@ -111,6 +114,20 @@ class Step:
     @property
     def waiting(self) -> bool:
         return self.wait_for is not None
+
+    def policy_over(self, defaults: StepPolicy) -> StepPolicy:
+        """This step's policy with every unset field taken from ``defaults`` (the app
+        settings': ``Settings.step_defaults``): what its lines run with. A waiting step's
+        deadline, unless the workflow fixes one, is ``defaults.wait_timeout_seconds``
+        (APPROVAL_TIMEOUT_SECONDS), not the steps' timeout (STEP_TIMEOUT_SECONDS)."""
+        policy = self.policy.over(defaults)
+        if self.waiting and self.policy.timeout_seconds is None:
+            if defaults.wait_timeout_seconds is None:
+                raise ValueError(
+                    f"waiting step {self.name!r} has no deadline: the defaults set no wait_timeout_seconds"
+                )
+            policy = replace(policy, timeout_seconds=defaults.wait_timeout_seconds)
+        return policy
 
     def action_of(self, kind: Kind) -> str | None:
         if self.waiting:
@@ -164,19 +181,17 @@ ORDER_WORKFLOW = Workflow(
     ),
 )
 
-#: How long an order of :data:`APPROVAL_WORKFLOW` waits for its approval: one day.
-APPROVAL_TIMEOUT_SECONDS = 24 * 60 * 60
-
 #: The order workflow with an approval: reserve the stock, then wait for a person's
-#: approval (the event ``approval``) for up to a day, then charge and ship. Rejected, or
-#: not approved in time: the reservation is released and the order ends Compensated. An
-#: order chooses it with ``"workflow": "order-approval"`` (README, "Sending orders").
+#: approval (the event ``approval``) until the deadline the app setting
+#: APPROVAL_TIMEOUT_SECONDS sets (a day by default), then charge and ship. Rejected, or not
+#: approved in time: the reservation is released and the order ends Compensated. An order
+#: chooses it with ``"workflow": "order-approval"`` (README, "Sending orders").
 APPROVAL_WORKFLOW = Workflow(
     "order-approval",
     1,
     (
         ORDER_WORKFLOW.steps[0],
-        Step("approve", wait_for="approval", policy=StepPolicy(timeout_seconds=APPROVAL_TIMEOUT_SECONDS)),
+        Step("approve", wait_for="approval"),
         *ORDER_WORKFLOW.steps[1:],
     ),
 )
@@ -210,6 +225,12 @@ def events(workflows: dict[tuple[str, int], Workflow] = WORKFLOWS) -> tuple[str,
             if step.wait_for is not None:
                 seen.setdefault(step.wait_for, None)
     return tuple(seen)
+
+
+def shortest_timeout(defaults: StepPolicy, workflows: dict[tuple[str, int], Workflow] = WORKFLOWS) -> float:
+    """The shortest deadline, in seconds, any line of a registered definition is given
+    (each step's resolved timeout): no line claimed less than this long ago has expired."""
+    return min(step.policy_over(defaults).timeout_seconds for w in workflows.values() for step in w.steps)
 
 
 def workflow(name: str, version: int) -> Workflow:

@@ -77,6 +77,11 @@ param responseGraceSeconds int = 90
 @description('MAX_FAILURES: expired attempts after which a step gives up: it and the steps before it are undone, or, if it cannot be undone, the order goes to Error and the operator is alerted (default for steps whose policy sets none).')
 param maxFailures int = 3
 
+@minValue(1)
+@maxValue(31536000)
+@description('APPROVAL_TIMEOUT_SECONDS: how long a waiting step (an approval) waits for its event before the supervisor gives it up and the steps before it are undone (default for waiting steps whose policy in core/workflow.py sets no deadline); a year at most.')
+param approvalTimeoutSeconds int = 86400
+
 @description('SUPERVISOR_SCHEDULE: NCRONTAB with seconds (six fields) for the supervisor\'s timer.')
 param supervisorSchedule string = '*/15 * * * * *'
 
@@ -211,6 +216,7 @@ module resources 'resources.bicep' = [for stamp in range(0, stamps): {
     pendingTimeoutSeconds: pendingTimeoutSeconds
     responseGraceSeconds: responseGraceSeconds
     maxFailures: maxFailures
+    approvalTimeoutSeconds: approvalTimeoutSeconds
     supervisorSchedule: supervisorSchedule
     retentionDays: retentionDays
     retentionIncludeError: retentionIncludeError

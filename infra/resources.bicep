@@ -81,6 +81,11 @@ param responseGraceSeconds int = 90
 @description('MAX_FAILURES: expired attempts after which a step gives up: it and the steps before it are undone, or, if it cannot be undone, the order goes to Error and the operator is alerted (default for steps whose policy sets none).')
 param maxFailures int = 3
 
+@minValue(1)
+@maxValue(31536000)
+@description('APPROVAL_TIMEOUT_SECONDS: how long a waiting step (an approval) waits for its event before the supervisor gives it up and the steps before it are undone (default for waiting steps whose policy in core/workflow.py sets no deadline); a year at most.')
+param approvalTimeoutSeconds int = 86400
+
 @description('PYTHON_THREADPOOL_THREAD_COUNT: threads of the Python worker\'s pool for sync functions, per instance.')
 @minValue(1)
 param workerThreads int = 16
@@ -506,6 +511,7 @@ module functionApp 'app/function-app.bicep' = {
       PENDING_TIMEOUT_SECONDS: string(pendingTimeoutSeconds)
       RESPONSE_GRACE_SECONDS: string(responseGraceSeconds)
       MAX_FAILURES: string(maxFailures)
+      APPROVAL_TIMEOUT_SECONDS: string(approvalTimeoutSeconds)
       SUPERVISOR_SCHEDULE: supervisorSchedule
       // Retention: the archive (a container of the host's account, identity-based through
       // ArchiveStorage so the host's own AzureWebJobsStorage settings stay as they are), how

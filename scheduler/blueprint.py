@@ -94,7 +94,7 @@ def _register(function_name: str, setting: str) -> None:
 # which nothing sends to any more: it drains what an upgrade found there (docs/scale.md).
 for _shard, (_, _setting_name) in enumerate(names.SCHEDULER_QUEUES):
     _register(names.schedule_function(_shard), _setting_name)
-_register("schedule_order", names.SCHEDULER_QUEUE_SETTING)
+_register(names.SCHEDULE_FUNCTION, names.SCHEDULER_QUEUE_SETTING)
 
 
 @bp.function_name("complete_step")

@@ -318,7 +318,7 @@ def _send(
 ) -> AgentRequest:
     """The claimed line's agent request, and the submitter's status event."""
     step = lifecycle.step_of(state, workflow(state.workflow, state.workflow_version))
-    policy = step.policy.over(scheduler.defaults)
+    policy = step.policy_over(scheduler.defaults)
     action = step.action_of(state.kind)
     request = AgentRequest(
         order_id=state.order_id,

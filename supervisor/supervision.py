@@ -11,6 +11,7 @@ from adapters import clients, search, telemetry
 from core import lifecycle, liveness, names
 from adapters.closing import close_order
 from core.lifecycle import SupervisorPolicy, Verdict
+from core.workflow import shortest_timeout
 from adapters.messaging import Nudger, Publisher
 from core.models import Nudge, OrderState, ProcessState, Status, StatusEvent
 from adapters.settings import Settings
@@ -28,6 +29,7 @@ def policy_from(settings: Settings) -> SupervisorPolicy:
         backoff_cap=timedelta(seconds=settings.retry_backoff_max_seconds),
         response_grace=settings.response_grace,
         send_slack=timedelta(seconds=clients.servicebus_retry_seconds()),
+        shortest_timeout=timedelta(seconds=shortest_timeout(settings.step_defaults())),
     )
 
 
@@ -62,7 +64,7 @@ def sweep(
     attempt's answer may still be on its way (``lifecycle.awaiting_answer``)."""
     done: Counter[str] = Counter()
     # An order indexed less than this long ago cannot have passed any deadline yet.
-    youngest = min(policy.step_timeout, policy.pending_timeout)
+    youngest = min(policy.shortest_timeout or policy.step_timeout, policy.pending_timeout)
     backlog: list[datetime | None] = []
     for state in store.sweep(now, younger_than_cannot_expire=youngest):
         in_grace = state.process_state is ProcessState.PROCESSING and lifecycle.awaiting_answer(state, now, policy)

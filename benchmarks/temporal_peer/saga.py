@@ -125,7 +125,7 @@ def saga_steps(definition: Workflow = CURRENT, settings: Settings | None = None)
     defaults = settings.step_defaults()
     return tuple(
         SagaStep(step.name, step.remote, step.action, step.compensate, step.lookup,
-                 activity_policy(step.policy.over(defaults), settings.remote_call_timeout_seconds))
+                 activity_policy(step.policy_over(defaults), settings.remote_call_timeout_seconds))
         for step in definition.steps
     )
 

@@ -4,8 +4,9 @@ fake remote services; approved on the operator page in a browser (its approve bu
 posts to the operator's route), rejected by
 ``ordersctl reject`` (a message on the order-events queue, as any client sends one), or
 cancelled while it waits (the cancel undoes the step before at once: nothing is in flight).
-The other cases (timed out, refused, sent twice, the race with the deadline) run on
-Azurite in tests/integration/test_order_events.py and on the in-memory table in
+Timed out (the deadline set by APPROVAL_TIMEOUT_SECONDS) is tests/e2e/test_approval_timeout.py's.
+The other cases (refused, sent twice, the race with the deadline) run on Azurite in
+tests/integration/test_order_events.py and on the in-memory table in
 tests/unit/test_waiting_steps.py."""
 
 from __future__ import annotations

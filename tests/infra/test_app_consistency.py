@@ -145,8 +145,10 @@ def test_every_scheduler_queue_is_read_by_one_function_of_its_own(function_bindi
                 assert binding.get("connection") == names.STORAGE_CONNECTION, function
             assert binding["type"] != "queue", f"{function}: nudges go through the Nudger, to the order's queue"
     expected = {name: [names.schedule_function(shard)] for shard, (name, _) in enumerate(names.SCHEDULER_QUEUES)}
-    expected[names.SCHEDULER_QUEUE] = ["schedule_order"]
+    expected[names.SCHEDULER_QUEUE] = [names.SCHEDULE_FUNCTION]
     assert readers == expected
+    # Disabling these holds every claim back (tests/e2e/test_cancel_before_claim.py).
+    assert sorted(names.schedule_functions()) == sorted(f for readers_of in expected.values() for f in readers_of)
     assert len(names.SCHEDULER_QUEUES) == names.SCHEDULER_QUEUE_SHARDS
     assert {deployed_settings[setting] for _, setting in names.SCHEDULER_QUEUES} <= names_of(deployment, STORAGE_QUEUE)
 
@@ -281,6 +283,7 @@ def test_settings_validate_from_the_deployed_app_settings(deployed_settings, mon
         assert settings.remote_url(remote) == remote_url(remote)
     assert settings.supervisor_schedule == names.DEFAULT_SUPERVISOR_SCHEDULE
     assert (settings.step_timeout_seconds, settings.pending_timeout_seconds, settings.max_failures) == (30, 30, 3)
+    assert settings.approval_timeout_seconds == names.DEFAULT_APPROVAL_TIMEOUT_SECONDS
 
 
 #: App setting -> (main.bicep parameter, a value to pass, what the setting must become).
@@ -290,6 +293,7 @@ TUNING = {
     "PENDING_TIMEOUT_SECONDS": ("pendingTimeoutSeconds", 43, "43"),
     "RESPONSE_GRACE_SECONDS": ("responseGraceSeconds", 120, "120"),
     "MAX_FAILURES": ("maxFailures", 7, "7"),
+    "APPROVAL_TIMEOUT_SECONDS": ("approvalTimeoutSeconds", 3600, "3600"),
     "SUPERVISOR_SCHEDULE": ("supervisorSchedule", "*/30 * * * * *", "*/30 * * * * *"),
 }
 

@@ -63,7 +63,7 @@ from core.models import (
     ProcessState,
     idempotency_key,
 )
-from core.workflow import CURRENT, Kind, StepPolicy, remotes
+from core.workflow import CURRENT, Kind, StepPolicy, remotes, shortest_timeout
 from devtools.orders import order_dict
 from scheduler import cancellation, dispatch, submission
 from supervisor import supervision
@@ -75,7 +75,10 @@ from tests.memtable import MemoryTable
 WORKFLOW = CURRENT
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 DEFAULTS = StepPolicy(
-    timeout_seconds=30, max_failures=2, agent_max_calls=2, agent_backoff_initial=0.1, agent_backoff_max=1
+    timeout_seconds=30, max_failures=2, agent_max_calls=2, agent_backoff_initial=0.1, agent_backoff_max=1,
+    # APPROVAL_TIMEOUT_SECONDS shorter than the step timeout: the sweep then reads orders
+    # indexed 20 s ago (SupervisorPolicy.shortest_timeout, as supervision.policy_from sets it).
+    wait_timeout_seconds=20,
 )
 PENDING = timedelta(seconds=30)
 MAX_POSTPONEMENTS = 2
@@ -90,6 +93,7 @@ POLICY = SupervisorPolicy(
     max_failures=DEFAULTS.max_failures, step_timeout=timedelta(seconds=DEFAULTS.timeout_seconds),
     pending_timeout=PENDING, backoff_base=TIMING.backoff_base, backoff_cap=TIMING.backoff_cap,
     response_grace=TIMING.response_grace, send_slack=timedelta(seconds=3),
+    shortest_timeout=timedelta(seconds=shortest_timeout(DEFAULTS)),
 )
 SCHEDULERS = ("scheduler-1", "scheduler-2")
 SUPERVISORS = ("supervisor-1", "supervisor-2")

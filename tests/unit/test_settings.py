@@ -62,3 +62,20 @@ def test_empty_values_are_ignored(monkeypatch):
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("STEP_TIMEOUT_SECONDS", "")
     assert Settings().step_timeout_seconds == 30.0
+
+
+def test_the_approval_timeout_is_positive_seconds_and_is_the_waiting_steps_default_deadline(monkeypatch):
+    from supervisor.supervision import policy_from
+
+    for key, value in BASE.items():
+        monkeypatch.setenv(key, value)
+    assert Settings().approval_timeout_seconds == 24 * 60 * 60  # a day unless set
+    monkeypatch.setenv("APPROVAL_TIMEOUT_SECONDS", "4.5")
+    settings = Settings()
+    assert settings.step_defaults().wait_timeout_seconds == 4.5
+    # Shorter than STEP_TIMEOUT_SECONDS (30): the sweep looks at orders indexed 4.5 s ago.
+    assert policy_from(settings).shortest_timeout.total_seconds() == 4.5
+    for bad in ("0", "-3", "soon", str(366 * 24 * 60 * 60)):
+        monkeypatch.setenv("APPROVAL_TIMEOUT_SECONDS", bad)
+        with pytest.raises(ValidationError, match="APPROVAL_TIMEOUT_SECONDS"):
+            Settings()

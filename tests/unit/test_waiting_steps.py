@@ -4,6 +4,7 @@ scheduler.dispatch, scheduler.events and the supervisor over the in-memory ETag 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -14,7 +15,7 @@ from core import lifecycle, liveness
 from core.lifecycle import EventVerdict
 from core.models import AgentResponse, Context, EventBody, LineState, OrderEvent, ProcessState, Status
 from core.models import Outcome as AgentOutcome
-from core.workflow import APPROVAL_WORKFLOW, ORDER_WORKFLOW, Kind, Step, StepPolicy, events, remotes
+from core.workflow import APPROVAL_WORKFLOW, ORDER_WORKFLOW, Kind, Step, StepPolicy, events, remotes, shortest_timeout
 from scheduler import dispatch
 from scheduler import events as order_events
 from supervisor import supervision
@@ -53,7 +54,6 @@ def test_a_waiting_step_has_no_remote_no_undo_and_one_attempt():
     [
         ({"remote": "inventory"}, "calls no remote"),
         ({"policy": StepPolicy(timeout_seconds=60, max_failures=3)}, "one attempt"),
-        ({"policy": StepPolicy()}, "deadline"),
         ({"wait_for": "Approval!"}, "lower-case"),
     ],
 )
@@ -63,12 +63,49 @@ def test_a_waiting_step_is_refused_unless_well_declared(fields, problem):
         Step("approve", **declared)
 
 
+def test_a_waiting_steps_deadline_is_the_approval_setting_unless_its_workflow_fixes_one():
+    defaults = replace(DEFAULTS, timeout_seconds=30, wait_timeout_seconds=7)
+    approve = APPROVAL_WORKFLOW.steps[1]
+    assert approve.policy.timeout_seconds is None  # the workflow fixes none: APPROVAL_TIMEOUT_SECONDS decides
+    assert (approve.policy_over(defaults).timeout_seconds, approve.policy_over(defaults).max_failures) == (7, 1)
+    fixed = Step("approve", wait_for="approval", policy=StepPolicy(timeout_seconds=60))
+    assert fixed.policy_over(defaults).timeout_seconds == 60
+    # A step that calls a remote keeps STEP_TIMEOUT_SECONDS; the wait's default is not its.
+    assert APPROVAL_WORKFLOW.steps[0].policy_over(defaults).timeout_seconds == 30
+    # The supervisor's sweep skips no order whose shortest line may have expired.
+    assert shortest_timeout(defaults) == 7 and shortest_timeout(replace(defaults, wait_timeout_seconds=90)) == 30
+    with pytest.raises(ValueError, match="no deadline"):
+        approve.policy_over(replace(defaults, wait_timeout_seconds=None))
+
+
+def test_the_waiting_lines_complete_by_is_its_claim_plus_the_approval_setting():
+    w = World(APPROVAL_WORKFLOW, defaults=replace(DEFAULTS, wait_timeout_seconds=5))
+    w.submit()
+    w.answer(result={"hold": "h-1"})
+    state = w.state()
+    assert (state.step, state.process_state) == ("approve", ProcessState.PROCESSING)
+    assert state.complete_by == state.updated_at + timedelta(seconds=5)
+
+
+def test_a_wait_shorter_than_the_step_timeout_is_given_up_by_the_first_sweep_past_its_deadline():
+    defaults = replace(DEFAULTS, wait_timeout_seconds=5)  # STEP_TIMEOUT_SECONDS is 30
+    w = World(APPROVAL_WORKFLOW, defaults=defaults)
+    w.submit()
+    w.answer(result={"hold": "h-1"})
+    policy = replace(POLICY, shortest_timeout=timedelta(seconds=shortest_timeout(defaults)))
+    w.now = w.state().complete_by + timedelta(seconds=1)  # 7 s after the order was indexed
+    done = supervision.sweep(
+        store=w.store, publisher=w.publisher, nudger=w.nudger, policy=policy, now=w.now, alerts_queue="alerts"
+    )
+    assert done == {"give_up": 1} and w.state().gave_up
+
+
 def test_the_liveness_bound_of_a_waiting_line_is_its_deadline_plus_one_expiry():
     timing = liveness.Timing(
         supervisor_interval=timedelta(seconds=15), pending_timeout=timedelta(seconds=30),
         backoff_base=timedelta(seconds=2), backoff_cap=timedelta(seconds=60),
     )
-    policy = APPROVAL_WORKFLOW.steps[1].policy.over(DEFAULTS)
+    policy = APPROVAL_WORKFLOW.steps[1].policy_over(DEFAULTS)
     assert liveness.line_bound(policy, timing) == timedelta(days=1) + 2 * timedelta(seconds=15) + timedelta(seconds=30)
     # The waiting line's deadline counts once; it has no undo of its own.
     lines = liveness.remaining_lines(APPROVAL_WORKFLOW, 1, Kind.ACTION)

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from adapters.store import StateStore
-from core import lifecycle, workflow as workflows
+from core import lifecycle, names, workflow as workflows
 from core.lifecycle import SupervisorPolicy
 from core.models import (
     AgentRequest,
@@ -35,7 +35,8 @@ from tests.memtable import MemoryTable
 
 T0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
 DEFAULTS = StepPolicy(
-    timeout_seconds=30, max_failures=3, agent_max_calls=3, agent_backoff_initial=0.1, agent_backoff_max=1
+    timeout_seconds=30, max_failures=3, agent_max_calls=3, agent_backoff_initial=0.1, agent_backoff_max=1,
+    wait_timeout_seconds=names.DEFAULT_APPROVAL_TIMEOUT_SECONDS,
 )
 MAX_POSTPONEMENTS = 4
 POLICY = SupervisorPolicy(
@@ -78,7 +79,7 @@ class Nudger:
 class World:
     """One order's world: the store over an in-memory table, the scheduler, a clock."""
 
-    def __init__(self, definition: Workflow = workflows.ORDER_WORKFLOW) -> None:
+    def __init__(self, definition: Workflow = workflows.ORDER_WORKFLOW, *, defaults: StepPolicy = DEFAULTS) -> None:
         self.table = MemoryTable()
         self.store = StateStore(self.table)
         self.publisher = Publisher()
@@ -89,7 +90,7 @@ class World:
             store=self.store,
             publisher=self.publisher,
             instance="host-1",
-            defaults=DEFAULTS,
+            defaults=defaults,
             requests_queues={remote: f"{remote}-requests" for remote in workflows.remotes()},
             responses_queue="agent-responses",
             alerts_queue="alerts",

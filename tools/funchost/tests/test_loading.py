@@ -119,5 +119,6 @@ def test_annotation_mismatches_fail_as_in_the_worker():
 def test_disabled_setting_as_in_azure():
     assert is_disabled("tick", {"AzureWebJobs.tick.Disabled": "true"})
     assert is_disabled("tick", {"AzureWebJobs.tick.Disabled": "1"})
+    assert is_disabled("tick", {"AzureWebJobs_tick_Disabled": "True"})  # where a name may not hold dots
     assert not is_disabled("tick", {"AzureWebJobs.tick.Disabled": "false"})
     assert not is_disabled("tick", {})
