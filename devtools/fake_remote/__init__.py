@@ -19,6 +19,7 @@ from devtools.fake_remote.catalog import DEFAULT_SERVICES
 from devtools.fake_remote.faults import FAULT_KINDS, FaultConfigError
 from devtools.fake_remote.ledger import LATE_TOLERANCE_SECONDS, confirmation_for
 from devtools.fake_remote.server import FakeRemote, start
+from devtools.fake_remote.watch import Watch, WatchedCall
 
 __all__ = [
     "DEFAULT_SERVICES",
@@ -26,6 +27,8 @@ __all__ = [
     "LATE_TOLERANCE_SECONDS",
     "FakeRemote",
     "FaultConfigError",
+    "Watch",
+    "WatchedCall",
     "confirmation_for",
     "start",
 ]

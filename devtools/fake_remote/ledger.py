@@ -26,6 +26,7 @@ from typing import Any
 
 from devtools.fake_remote.catalog import ACTION, COMPENSATION, Service
 from devtools.fake_remote.faults import FAULT_KINDS, FaultConfigError, FaultPlan, split_script_key
+from devtools.fake_remote.watch import Watch, WatchedCall
 
 #: A call is counted ``late`` when it arrives more than this after its ``Complete-By``.
 #: "Arrives" is when the fake's handler thread reads the request: in the tests the fake
@@ -230,6 +231,7 @@ class Ledger:
         }
         self._generation = 0
         self._not_found = 0
+        self._watches: list[Watch] = []
         self.set_faults(None, script, rates)
         if service_faults is not None:
             if not isinstance(service_faults, Mapping):
@@ -425,6 +427,30 @@ class Ledger:
             if fault is not None:
                 state.faults[fault] += 1
             return fault
+
+    def watch(self, script_key: str) -> Watch:
+        """Watch every call of ``"<order id>/<action>"`` from now on (devtools/fake_remote/watch.py)."""
+        watch = Watch(script_key)
+        if not any(watch.action in service.routes for service in self._services.values()):
+            raise FaultConfigError(f"watch {script_key!r}: no service has an action or compensation {watch.action!r}")
+        with self._lock:
+            self._watches.append(watch)
+        return watch
+
+    def watched(
+        self, call: Call, fault: str | None, attempt: int, arrived_at: datetime, complete_by: datetime
+    ) -> WatchedCall | None:
+        """The call as its watches see it (None when none watches it), added to each."""
+        with self._lock:
+            watches = [watch for watch in self._watches if watch.matches(call.order_id, call.action)]
+        if not watches:
+            return None
+        seen = WatchedCall(
+            call.service, call.action, call.order_id, call.step, call.key, attempt, fault, arrived_at, complete_by
+        )
+        for watch in watches:
+            watch.add(seen)
+        return seen
 
     @contextmanager
     def _locked(self, *names: tuple[str, ...]) -> Iterator[None]:

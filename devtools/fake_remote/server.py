@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -42,6 +42,7 @@ from devtools.fake_remote.ledger import (
     Settings,
     Stopping,
 )
+from devtools.fake_remote.watch import Watch, WatchedCall
 
 log = logging.getLogger("devtools.fake_remote")
 
@@ -261,10 +262,14 @@ class _Handler(BaseHTTPRequestHandler):
             return True
 
     def _wait(self, seconds: float) -> str:
-        """Wait; returns "done", "stopped" or "client_gone" (checked every 50 ms)."""
+        """Wait; returns "done" (the delay ran out, or a test released a watched call:
+        at once), "stopped" or "client_gone" (checked every 50 ms)."""
+        released = self._watched.released if self._watched is not None else None
         deadline = time.monotonic() + seconds
         while (remaining := deadline - time.monotonic()) > 0:
-            if self.server.stopping.wait(min(_POLL_SECONDS, remaining)):
+            if released is not None and released.wait(min(_POLL_SECONDS, remaining)):
+                return "done"
+            if self.server.stopping.wait(0 if released is not None else min(_POLL_SECONDS, remaining)):
                 return "stopped"
             if self._client_gone():
                 return "client_gone"
@@ -277,6 +282,7 @@ class _Handler(BaseHTTPRequestHandler):
         started = time.monotonic()
         fields = {"order": "-", "step": "-", "attempt": "-", "key": "-", "late": ""}
         outcome = "?"
+        self._watched: WatchedCall | None = None  # set for a valid call a test watches
         with ledger.call(service):
             try:
                 outcome = self._service_call_run(ledger, service, action, arrived, fields)
@@ -285,6 +291,9 @@ class _Handler(BaseHTTPRequestHandler):
                 outcome = f"invalid ({reply.error}) status={reply.status}"
                 raise
             finally:
+                if self._watched is not None:
+                    self._watched.outcome = outcome
+                    self._watched.answered.set()
                 log.log(
                     logging.WARNING if fields["late"] else logging.INFO,
                     "%s/%s order=%s step=%s attempt=%s key=%s%s -> %s (%.3fs)",
@@ -338,6 +347,9 @@ class _Handler(BaseHTTPRequestHandler):
 
         settings = ledger.settings(service)
         fault = ledger.decide(call)
+        self._watched = ledger.watched(
+            call, fault, document["attempt"], datetime.fromtimestamp(arrived, UTC), complete_by
+        )
         if fault == "transient":
             self._error(503, "transient", "injected transient failure; not applied")
             return "transient, not applied, status=503"
@@ -368,6 +380,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(result, Applied):
             self._error(422, result.error, result.message)
             return f"refused ({result.error}), status=422"
+        if self._watched is not None:
+            self._watched.applied.set()
         what = "replayed" if result.replayed else "applied"
         if not result.replayed and kind == COMPENSATION:
             what = json.loads(result.body).get("outcome", what)
@@ -534,6 +548,12 @@ class FakeRemote:
         """The ``traceparent`` header of every call for one order (``service``, ``action``,
         ``key``, ``traceparent``; None when a call had none), per service in arrival order."""
         return self._ledger.effects()["traceparents"].get(order_id, [])
+
+    def watch(self, script_key: str) -> Watch:
+        """Every call of ``"<order id>/<action>"`` from now on, with events to wait on and a
+        held answer to release (devtools/fake_remote/watch.py). FaultConfigError for an
+        action no service has."""
+        return self._ledger.watch(script_key)
 
     def reset(self) -> None:
         self._ledger.reset()

@@ -5,8 +5,9 @@ side by side: a cancel during a step's in-flight call (by the API, and by a mess
 and a cancel message that cannot be acted on. The fake remote holds a call in flight by
 answering it late (``slow``: applied at once, answered after ``slow_seconds``). Nothing is
 applied twice and no call comes after its Complete-By (``Stack.assert_remote_clean``).
-The many interleavings (a cancel racing a response or a supervisor reset, a postponed
-line, a line after a retry) are tests/unit/test_cancel.py's, over the memtable."""
+A cancel racing a step's response and a supervisor reset, on the whole stack, is
+tests/e2e/test_cancel_races.py's; the many interleavings one write at a time (a postponed
+line, a line after a retry too) are tests/unit/test_cancel.py's, over the memtable."""
 
 from __future__ import annotations
 

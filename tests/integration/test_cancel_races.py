@@ -1,7 +1,8 @@
 """Cancel against the real services (Azurite, the Service Bus emulator), through the same
 plain functions the app binds: the cancel is one If-Match write, and a response or a
 supervisor reset that races it makes it decide again on the new row, never overwrite it.
-The interleavings one by one are tests/unit/test_cancel.py's (in-memory table)."""
+The interleavings one by one are tests/unit/test_cancel.py's (in-memory table); the same
+races on the whole local stack, tests/e2e/test_cancel_races.py's."""
 
 from __future__ import annotations
 
