@@ -144,8 +144,9 @@ def split_multipart(body: bytes, boundary: bytes) -> list[tuple[dict[bytes, byte
     first of each; its content), split where the ``email`` parser splits it; None when the
     body is not in the strict form read here: it starts with the first delimiter line, ends
     with the close delimiter (and at most a CRLF), every delimiter is ``CRLF--boundary`` at
-    the start of a line with nothing after it, no part holds the delimiter anywhere else,
-    and every part has plain ``Name: value`` header lines ended by an empty line."""
+    the start of a line with nothing after it, no part holds the delimiter anywhere else
+    (RFC 2046, 5.1.1: it must not appear in what it encloses), and every part has plain
+    ``Name: value`` header lines ended by an empty line."""
     delimiter = b"--" + boundary
     first, close = delimiter + b"\r\n", b"\r\n" + delimiter + b"--"
     if not body.startswith(first):
