@@ -56,7 +56,9 @@ from azure.core.rest._http_response_impl import RestHttpClientTransportResponse
 from azure.core.utils._pipeline_transport_rest_shared import BytesIOSocket
 from azure.data.tables import TableClient, TableServiceClient
 from azure.data.tables._base_client import extract_batch_part_metadata
-from azure.data.tables._error import RequestTooLargeError, TableTransactionError, _decode_error, _validate_tablename_error
+from azure.data.tables._error import (
+    RequestTooLargeError, TableTransactionError, _decode_error, _validate_tablename_error,
+)
 from azure.data.tables._policies import StorageHeadersPolicy
 
 #: A header name that ``http.client`` sends and the ``email`` parser reads as one (printable

@@ -102,7 +102,9 @@ def _table_service(connection: str | None, endpoint: str | None, client_id: str 
     from adapters.batch import LeanTableServiceClient
 
     if connection:
-        return LeanTableServiceClient.from_connection_string(storage_connection_string(connection), transport=transport())
+        return LeanTableServiceClient.from_connection_string(
+            storage_connection_string(connection), transport=transport()
+        )
     return LeanTableServiceClient(endpoint, credential=credential(client_id), transport=transport())
 
 

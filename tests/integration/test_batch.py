@@ -28,6 +28,7 @@ from azure.core.utils import _pipeline_transport_rest_shared as sdk_multipart
 
 from adapters import batch, wiring
 from adapters.transport import shared_session
+from tools.storage_faults import BUSY, proxied, start_in_thread, upstreams_of
 
 OLD_ETAG = "W/\"datetime'2026-01-01T00%3A00%3A00.0000000Z'\""
 
@@ -167,7 +168,8 @@ def test_a_transaction_is_the_same_on_the_wire_in_its_answer_and_in_its_rows(pai
         results.append(outcome(table, with_etag(operations, etags[-1])))
 
     assert results[0] == results[1]
-    failures = {"412 on the 2nd entity": (412, "UpdateConditionNotSatisfied"), "409 on create": (409, "EntityAlreadyExists"),
+    failures = {"412 on the 2nd entity": (412, "UpdateConditionNotSatisfied"),
+                "409 on create": (409, "EntityAlreadyExists"),
                 "404 (delete * of a row not there)": (404, "ResourceNotFound")}
     if case in failures:
         assert results[0][:3] == (TableTransactionError, *failures[case])
@@ -184,3 +186,23 @@ def test_the_app_s_tables_take_the_lean_path(app_settings):
     services = wiring.services()
     assert isinstance(services.store.table, batch.LeanTableClient)
     assert isinstance(services.rejections.table, batch.LeanTableClient)
+
+
+def test_a_transaction_refused_busy_is_sent_again_by_the_sdk_s_retry_policy(azurite, unique_name):
+    """Azure's 503 ServerBusy (the fault proxy, before the request reaches Azurite): the lean
+    request goes through the SDK's retry policy as the SDK's own did, the same body again."""
+    proxy = start_in_thread(upstreams_of(azurite.connection_string), seed=1)
+    try:
+        wire = Recording()
+        service = batch.LeanTableServiceClient.from_connection_string(
+            proxied(azurite.connection_string, proxy.endpoints), transport=wire)
+        table = service.create_table(unique_name("retry"))
+        proxy.inject(BUSY, service="table", method="POST")
+        assert len(table.submit_transaction([("create", entity("order")), ("create", entity("state"))])) == 2
+        assert proxy.counts()["faults"][BUSY] == 1
+        (_, _, _, first), (_, _, _, again) = wire.sent
+        assert first == again
+        assert sorted(row["RowKey"] for row in table.list_entities()) == ["order", "state"]
+        table.delete_table()
+    finally:
+        proxy.stop()
