@@ -19,9 +19,9 @@ caller of the multipart code for tables) and keeps everything else the SDK's:
 * the body: :func:`encode_batch` writes exactly the bytes azure-core's encoder writes
   (the same parts, headers, ``Content-ID`` numbering and line endings; each sub-request in
   the ``application/http`` form ``http.client`` gives it, If-Match and all), for the
-  requests it can prove it writes alike; for anything else (a body with a line break, a
-  header value it would have to fold, an empty transaction) the SDK's own ``_batch_send``
-  runs instead, unchanged;
+  requests it can prove it writes alike; for anything else (a body or header value with a
+  line break, a byte past ASCII, on which azure-core's encoder fails, an empty transaction)
+  the SDK's own ``_batch_send`` runs instead, unchanged;
 * the outer request: built as the SDK builds it (same headers, in the same order) and sent
   through the client's own pipeline, so the retry policy, the shared-key or bearer-token
   signing and the tracing policy see the same request;
