@@ -255,10 +255,13 @@ class LeanTableClient(TableClient):
             raise decoded
 
         parts = changeset_responses(response, reqs)
-        if parts is None:  # not the strict form: the SDK's own parser reads it
+        if parts is None:  # not the strict form: the SDK's own parser reads it, told what was sent
             changeset = HttpRequest("POST", "")
             changeset.set_multipart_mixed(*reqs, policies=policies, boundary=changeset_boundary)
-            request.set_multipart_mixed(changeset, policies=policies, enforce_https=False, boundary=batch_boundary)
+            # (response.request, not request: the generated client sent a deep copy of it)
+            response.request.set_multipart_mixed(
+                changeset, policies=policies, enforce_https=False, boundary=batch_boundary
+            )
             parts = list(response.parts())
         else:
             _run_on_response(policies, parts)

@@ -14,7 +14,9 @@ from __future__ import annotations
 import email.generator
 import itertools
 import re
+import threading
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from wsgiref.handlers import format_date_time
 
 import pytest
@@ -27,6 +29,7 @@ from azure.data.tables import _policies as sdk_policies
 from azure.core.utils import _pipeline_transport_rest_shared as sdk_multipart
 
 from adapters import batch, wiring
+from adapters.clients import development_storage
 from adapters.transport import shared_session
 from tools.storage_faults import BUSY, proxied, start_in_thread, upstreams_of
 
@@ -206,3 +209,64 @@ def test_a_transaction_refused_busy_is_sent_again_by_the_sdk_s_retry_policy(azur
         table.delete_table()
     finally:
         proxy.stop()
+
+
+class _Answering(BaseHTTPRequestHandler):
+    """A table endpoint that answers every ``$batch`` with :attr:`answer` (202, multipart/mixed)."""
+
+    protocol_version = "HTTP/1.1"
+    answer = b""
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(202)
+        self.send_header("Content-Type", "multipart/mixed; boundary=batchresponse_1")
+        self.send_header("Content-Length", str(len(_Answering.answer)))
+        self.end_headers()
+        self.wfile.write(_Answering.answer)
+
+    def log_message(self, *args):
+        pass
+
+
+def _changeset(*parts: bytes, preamble: bytes = b"") -> bytes:
+    return (preamble + b"--batchresponse_1\r\nContent-Type: multipart/mixed; boundary=changesetresponse_1\r\n\r\n"
+            + b"".join(b"--changesetresponse_1\r\nContent-Type: application/http\r\n"
+                       b"Content-Transfer-Encoding: binary\r\n\r\n" + part + b"\r\n" for part in parts)
+            + b"--changesetresponse_1--\r\n--batchresponse_1--\r\n")
+
+
+_CREATED = b"HTTP/1.1 201 Created\r\nETag: W/\"datetime'2026-11-25T05%3A06%3A42Z'\"\r\n\r\n"
+_FAILED = (b"HTTP/1.1 412 Precondition Failed\r\nContent-Type: application/json;odata=minimalmetadata;charset=utf-8\r\n"
+           b"\r\n{\"odata.error\":{\"code\":\"UpdateConditionNotSatisfied\",\"message\":{\"lang\":\"en-US\","
+           b"\"value\":\"1:The update condition specified in the request was not satisfied.\"}}}")
+
+
+@pytest.mark.parametrize("answer, expected", [
+    (_changeset(_CREATED, _CREATED, preamble=b"a preamble\r\n"), ("ok", [["etag"], ["etag"]])),
+    (_changeset(_FAILED, preamble=b"a preamble\r\n"), (TableTransactionError, 412, "UpdateConditionNotSatisfied")),
+], ids=["applied", "412"])
+def test_an_answer_outside_the_strict_form_is_read_by_the_sdk_s_parser_with_the_same_result(
+    monkeypatch, answer, expected
+):
+    """An answer the lean parser declines (here: a preamble before the first boundary, which
+    MIME allows and Azurite never sends) is read by the SDK's own parser: the same result or error."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answering)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Answering.answer = answer
+    read = []
+    lean_parse = batch.changeset_responses
+    monkeypatch.setattr(batch, "changeset_responses", lambda *a: read.append(lean_parse(*a)) or read[-1])
+    try:
+        connection = development_storage(table=server.server_address[1])
+        results = []
+        for kind in (TableServiceClient, batch.LeanTableServiceClient):
+            table = kind.from_connection_string(connection, transport=Recording()).get_table_client("orders")
+            results.append(outcome(table, [("create", entity("order")), ("create", entity("state"))]))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert read == [None]  # the lean client's parse declined it; the SDK's parser read it
+    assert results[0] == results[1]
+    assert results[0][:len(expected)] == expected
+
