@@ -98,11 +98,14 @@ def _table_endpoint(account: str) -> str:
 
 
 def _table_service(connection: str | None, endpoint: str | None, client_id: str | None):
-    from azure.data.tables import TableServiceClient
+    # Its table clients write and read transactions without the email package (adapters/batch.py).
+    from adapters.batch import LeanTableServiceClient
 
     if connection:
-        return TableServiceClient.from_connection_string(storage_connection_string(connection), transport=transport())
-    return TableServiceClient(endpoint, credential=credential(client_id), transport=transport())
+        return LeanTableServiceClient.from_connection_string(
+            storage_connection_string(connection), transport=transport()
+        )
+    return LeanTableServiceClient(endpoint, credential=credential(client_id), transport=transport())
 
 
 def archive_container(settings: Settings):
