@@ -59,13 +59,14 @@ def _default_port(scheme: str) -> int:
 class HttpClientAdapter(BaseAdapter):
     """Plain requests over ``http.client`` with a pool per endpoint; the rest to ``fallback``."""
 
-    def __init__(self, fallback: HTTPAdapter, *, pool_size: int) -> None:
+    def __init__(self, fallback: HTTPAdapter, *, pool_size: int, tls: ssl.SSLContext | None = None) -> None:
+        """``tls``: the TLS settings of https requests; by default requests' (:meth:`_context`)."""
         super().__init__()
         self.fallback = fallback
         self.pool_size = pool_size
         self._idle: dict[_Endpoint, list[http.client.HTTPConnection]] = {}
         self._lock = threading.Lock()
-        self._tls: ssl.SSLContext | None = None
+        self._tls = tls
 
     # -- which requests -----------------------------------------------------------------
 

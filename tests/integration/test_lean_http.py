@@ -7,7 +7,9 @@ local server over real sockets and compares them."""
 from __future__ import annotations
 
 import gzip
+import datetime
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterator
 
@@ -23,6 +25,11 @@ from azure.core.exceptions import (
 from azure.core.pipeline.transport import RequestsTransport
 from azure.core.rest import HttpRequest
 from azure.data.tables import TableServiceClient
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from requests.adapters import HTTPAdapter
 
 from adapters import clients, transport
 from adapters.lean_http import HttpClientAdapter
@@ -43,11 +50,13 @@ def _lean() -> RequestsTransport:
 class Server:
     """A TCP server answering each connection with ``handle(connection, request bytes)``."""
 
-    def __init__(self, handle: Callable[[socket.socket, bytes], None]) -> None:
+    def __init__(self, handle: Callable[[socket.socket, bytes], None], tls: ssl.SSLContext | None = None) -> None:
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(16)
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        port = self.listener.getsockname()[1]
+        self.url = f"https://localhost:{port}" if tls else f"http://127.0.0.1:{port}"
+        self._tls = tls
         self.requests: list[bytes] = []
         #: Connections this server has closed.
         self.closed = 0
@@ -63,6 +72,13 @@ class Server:
             threading.Thread(target=self._one, args=(connection,), daemon=True).start()
 
     def _one(self, connection: socket.socket) -> None:
+        if self._tls is not None:
+            try:
+                connection = self._tls.wrap_socket(connection, server_side=True)
+            except (ssl.SSLError, OSError):  # the client refused the certificate
+                connection.close()
+                self.closed += 1
+                return
         with connection:
             while True:
                 data = _read_request(connection)
@@ -92,7 +108,8 @@ def _read_request(connection: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
-def _answer(connection: socket.socket, body: bytes = b'{"ok":true}', *, extra: str = "", status: str = "200 OK") -> None:
+def _answer(connection: socket.socket, body: bytes = b'{"ok":true}', *, extra: str = "",
+            status: str = "200 OK") -> None:
     connection.sendall(f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                        f"{extra}\r\n".encode() + body)
 
@@ -101,8 +118,8 @@ def _answer(connection: socket.socket, body: bytes = b'{"ok":true}', *, extra: s
 def server() -> Iterator[Callable[..., Server]]:
     made: list[Server] = []
 
-    def make(handle) -> Server:
-        made.append(Server(handle))
+    def make(handle, tls: ssl.SSLContext | None = None) -> Server:
+        made.append(Server(handle, tls))
         return made[-1]
 
     yield make
@@ -249,5 +266,56 @@ def test_the_storage_clients_read_and_write_azurite_through_it(storage_connectio
     entity = table.get_entity("p", "r")
     assert (entity["Name"], entity["N"]) == ("Zoë", 1)
     assert [e["RowKey"] for e in table.query_entities("PartitionKey eq @pk", parameters={"pk": "p"})] == ["r"]
-    assert transport.shared_session().get_adapter(storage_connection_string.split("TableEndpoint=")[1]).idle_connections()
+    endpoint = storage_connection_string.split("TableEndpoint=")[1]
+    assert transport.shared_session().get_adapter(endpoint).idle_connections()  # kept for the next request
     service.delete_table(table.table_name)
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory) -> tuple[str, str]:
+    """A self-signed certificate for ``localhost`` (its PEM file, and its key's), made here."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    folder = tmp_path_factory.mktemp("tls")
+    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_file), str(key_file)
+
+
+def _tls_server(server, certificate) -> Server:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*certificate)
+    return server(lambda connection, data: _answer(connection), context)
+
+
+def test_an_https_server_is_verified_as_requests_verifies_it(server, certificate):
+    s = _tls_server(server, certificate)  # its certificate is in no trusted bundle
+    own, lean = _error(_requests_own(), s.url), _error(_lean(), s.url)
+    assert lean is own
+    assert issubclass(lean, ServiceRequestError) and not issubclass(lean, ServiceResponseError)
+
+
+def test_a_trusted_https_server_gets_the_same_request(server, certificate):
+    s = _tls_server(server, certificate)
+    own = _requests_own()
+    response = own.send(HttpRequest("PUT", s.url + "/t?a=1", content='{"n":"Zoë"}'), connection_verify=certificate[0])
+    assert response.status_code == 200
+    session = transport.new_session()  # the lean adapter, trusting the test's certificate as its CA
+    lean = HttpClientAdapter(HTTPAdapter(), pool_size=4, tls=ssl.create_default_context(cafile=certificate[0]))
+    session.mount("https://", lean)
+    path = RequestsTransport(session=session, session_owner=True, use_env_settings=False)
+    response = path.send(HttpRequest("PUT", s.url + "/t?a=1", content='{"n":"Zoë"}'))
+    assert response.status_code == 200 and response.json() == {"ok": True}
+    assert lean.idle_connections() == 1  # sent by http.client over TLS, kept for reuse
+    assert _normalised(s.requests[1]) == _normalised(s.requests[0])
