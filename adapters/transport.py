@@ -29,6 +29,8 @@ from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 from urllib3.util.retry import Retry
 
+from adapters.lean_http import HttpClientAdapter
+
 #: Connections kept open per storage endpoint. The host runs many invocations at once,
 #: in threads that share this process's clients; requests keeps 10 by default and, above
 #: that, opens a new connection for a call and drops it afterwards (measured: 0.2-0.3 new
@@ -80,6 +82,8 @@ def new_session() -> LeanSession:
     adapter = HTTPAdapter(
         pool_maxsize=POOL_CONNECTIONS, max_retries=Retry(total=False, redirect=False, raise_on_status=False)
     )
+    # Plain requests straight over http.client, the rest through the adapter (adapters/lean_http.py).
+    adapter = HttpClientAdapter(adapter, pool_size=POOL_CONNECTIONS)
     for scheme in ("http://", "https://"):
         session.mount(scheme, adapter)
     return session

@@ -241,10 +241,14 @@ class RemoteClient:
         span whose context goes to the remote service in the ``traceparent`` header."""
         if self.breaker is not None:
             self.breaker.before_call(tally.key) if tally.counts else self.breaker.refuse_if_open()
-        try:
-            await asyncio.wait_for(self._bulkhead().acquire(), timeout=max(0.0, time_left() - MIN_CALL_SECONDS))
-        except asyncio.TimeoutError as error:
-            raise DeadlineReached("no free call slot before complete-by") from error
+        bulkhead = self._bulkhead()
+        if bulkhead.locked():  # every slot taken: wait for one, never past the deadline
+            try:
+                await asyncio.wait_for(bulkhead.acquire(), timeout=max(0.0, time_left() - MIN_CALL_SECONDS))
+            except asyncio.TimeoutError as error:
+                raise DeadlineReached("no free call slot before complete-by") from error
+        else:  # a free slot: taken at once, without wait_for's task and timer (issue 21)
+            await bulkhead.acquire()
         # The wait for the slot took time: send only with enough of it left, and no longer.
         left = time_left()
         if left < MIN_CALL_SECONDS:

@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--orders", type=int, default=200)
     parser.add_argument("--profile", action="store_true", help="sample the host with py-spy during the run")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second (with --profile)")
     parser.add_argument("--keep", type=Path, help="copy the raw profile here")
     args = parser.parse_args(argv)
 
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         logs = list(stack.host_logs)
         offsets = [path.stat().st_size for path in logs]
         host_pid = stack.pids["host-1"]
-        sampler = start_profile(host_pid, logs_dir / "profile.txt") if args.profile else None
+        sampler = start_profile(host_pid, logs_dir / "profile.txt", args.rate) if args.profile else None
         meter = CpuMeter({"host": host_pid})
         before = stack.remote.effects()["total"]
         meter.start()

@@ -57,6 +57,9 @@ class RunResult:
     hops: list[float] = field(default_factory=list)
     #: Send -> the first step recorded (the orders hop, submission, the nudge, the claim, step 1).
     to_first_step: list[float] = field(default_factory=list)
+    #: CPU seconds the functions themselves used over a saturation run (the invocations' ``Cpu=``
+    #: in the host logs, benchmarks/hostcpu.py; set by the temporal phase): the Python worker's share.
+    functions_cpu: float | None = None
 
     @property
     def per_second(self) -> float | None:

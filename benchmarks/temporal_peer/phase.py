@@ -29,6 +29,7 @@ from pathlib import Path
 from temporalio.client import Client
 
 from benchmarks import pipeline
+from benchmarks.hostcpu import function_cpu
 from benchmarks.pipeline import RunResult
 from benchmarks.procstat import OtherLoad
 from benchmarks.report import Section, format_value
@@ -65,6 +66,15 @@ class Side:
         used = sum(v for k, v in run.cpu.items() if k.startswith(self.app_prefix) == app)
         return used / run.processed * 1000
 
+    def function_ms(self, processes: int) -> float | None:
+        """The functions' own CPU per order done (ms): this stack's function side, what the Python
+        worker does in Azure (the hosts' CPU less the local host's emulation of Azure's .NET host);
+        None for Temporal, whose worker process is all app."""
+        run = self.runs.get(processes)
+        if run is None or not run.processed or run.functions_cpu is None:
+            return None
+        return run.functions_cpu / run.processed * 1000
+
     def split(self, processes: int) -> str:
         """CPU per order of each process, e.g. ``azurite 14.0, servicebus 4.1``."""
         run = self.runs.get(processes)
@@ -99,7 +109,12 @@ class StackDriver:
         return pipeline.steady(self.stack, self.sender, prefix, **kwargs)
 
     def throughput(self, prefix: str, count: int, **kwargs) -> RunResult:
-        return pipeline.throughput(self.stack, self.sender, prefix, count, **kwargs)
+        """The run, with the CPU the functions themselves used in it (their invocations' log lines)."""
+        logs = list(self.stack.host_logs)
+        offsets = [path.stat().st_size for path in logs]
+        result = pipeline.throughput(self.stack, self.sender, prefix, count, **kwargs)
+        result.functions_cpu = function_cpu(logs, offsets).total_ms / 1000
+        return result
 
     def close(self) -> None:
         self.sender.close()
@@ -193,6 +208,9 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
         compare(f"cpu_app_ms.{processes}", f"CPU per order, app side, {hosts_vs_workers(processes)}",
                 ours.cpu_ms(processes, app=True), theirs.cpu_ms(processes, app=True),
                 "ms", *((f"≤ {TARGET_CPU:g}", lambda r: r <= TARGET_CPU) if one else ()))
+        compare(f"cpu_functions_ms.{processes}", f"CPU per order, app side, function side only (this stack: the "
+                f"functions' own, from the local host's per-invocation thread CPU) vs the worker, "
+                f"{hosts_vs_workers(processes)}", ours.function_ms(processes), theirs.cpu_ms(processes, app=True), "ms")
         compare(f"cpu_infra_ms.{processes}", "CPU per order, infrastructure (Azurite + Service Bus emulator vs "
                 f"Temporal server), {hosts_vs_workers(processes)}", ours.cpu_ms(processes, app=False),
                 theirs.cpu_ms(processes, app=False), "ms")
@@ -255,7 +273,10 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
         "per order done). Done is the Processed row's commit (its Table Timestamp, Azurite's clock) for this stack "
         "and the workflow's close time (the server's clock) for Temporal. CPU per order, app side: the host "
         "processes against the worker processes; infrastructure: Azurite + the Service Bus emulator against the "
-        "Temporal server. How to run it and the settings: docs/benchmarks.md."
+        "Temporal server. CPU per order, function side only: of the host processes' CPU, what the functions "
+        "themselves used (each invocation's thread CPU, as `python -m benchmarks.hostcpu` measures it: in Azure "
+        "the Python worker's share, the rest being the local host's emulation of Azure's .NET Functions host) "
+        "against the same worker processes. How to run it and the settings: docs/benchmarks.md."
     )
 
 

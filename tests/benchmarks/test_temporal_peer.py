@@ -109,9 +109,10 @@ PHASE = Plan(warm_up_orders=3, latency_rate=4.0, peer_latency_seconds=1.0, peer_
              pipeline_timeout=90.0)
 PHASE_KEYS = [
     f"temporal.{figure}{side}"
-    for figure in ("orders_per_s.1", "p50", "p95", "cpu_app_ms.1", "cpu_infra_ms.1")
+    for figure in ("orders_per_s.1", "p50", "p95", "cpu_app_ms.1", "cpu_functions_ms.1", "cpu_infra_ms.1")
     for side in (".stack", ".temporal")
-] + [f"temporal.ratio.{figure}" for figure in ("orders_per_s.1", "p50", "p95", "cpu_app_ms.1", "cpu_infra_ms.1")]
+] + [f"temporal.ratio.{figure}"
+     for figure in ("orders_per_s.1", "p50", "p95", "cpu_app_ms.1", "cpu_functions_ms.1", "cpu_infra_ms.1")]
 
 
 def test_the_phase_reports_both_sides_with_the_ratios(tmp_path):
@@ -128,6 +129,10 @@ def test_the_phase_reports_both_sides_with_the_ratios(tmp_path):
     targets = {key: figures[key] for key in ("temporal.ratio.orders_per_s.1", "temporal.ratio.p50",
                                              "temporal.ratio.cpu_app_ms.1")}
     assert all(fig.target and fig.met is not None for fig in targets.values())
+    # The function side is a part of the host process's CPU, compared with the same worker's.
+    functions, host = figures["temporal.cpu_functions_ms.1.stack"].value, figures["temporal.cpu_app_ms.1.stack"].value
+    assert 0 < functions < host
+    assert figures["temporal.cpu_functions_ms.1.temporal"].value == figures["temporal.cpu_app_ms.1.temporal"].value
     section = report.sections[0]
     side_by_side = section.tables[0]
     assert side_by_side.columns[-1] == "PASS / MISS"
