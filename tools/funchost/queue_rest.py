@@ -1,4 +1,4 @@
-"""The storage-queue trigger's hot calls (receive, delete) as plain REST requests.
+"""The storage-queue trigger's hot calls (receive, delete) and the queue output's send as plain REST requests.
 
 Every poll of every storage-queue listener is one Get Messages request, empty most of the
 time; through the SDK (``QueueClient.receive_messages`` and its pager, azure-core's
@@ -13,9 +13,10 @@ Only a connection with an account key takes this path (Azurite, a connection str
 anything else (SAS, ``DefaultAzureCredential``) keeps the SDK client (:func:`lean_queue`
 returns None). Errors are the SDK's types, so the listener handles both alike: 404 raises
 ``ResourceNotFoundError``, another refusal ``HttpResponseError``, a refused or dropped
-connection ``ServiceRequestError`` / ``ServiceResponseError``. A delete is retried as the
-Functions host's SDK client retries it (a dropped connection, 408, 429, 5xx: three more
-tries, 0.8 s doubling: Azure.Core ``RetryOptions`` defaults); a poll is not (its listener
+connection ``ServiceRequestError`` / ``ServiceResponseError``. A delete and a send are retried
+as the Functions host's SDK client retries them (a dropped connection, 408, 429, 5xx: three
+more tries, 0.8 s doubling: Azure.Core's ``RetryOptions`` defaults, azure-sdk-for-net
+``sdk/core/Azure.Core/src/RetryOptions.cs``, read 2026-11-25); a poll is not (its listener
 polls again after its back-off, as the Functions host's listener does after a failed poll).
 """
 
@@ -28,6 +29,7 @@ import time
 import xml.etree.ElementTree as ET
 from email.utils import formatdate, parsedate_to_datetime
 from urllib.parse import quote, unquote, urlsplit
+from xml.sax.saxutils import escape
 
 import urllib3
 from azure.core.exceptions import (
@@ -40,10 +42,11 @@ from azure.storage.queue import QueueClient, QueueMessage
 
 #: The SDK's transport timeouts (azure-core: 20 s to connect, 60 s to read).
 TIMEOUT = urllib3.Timeout(connect=20, read=60)
-#: Retries of a delete, and the first wait before one (doubling): Azure.Core's RetryOptions defaults.
-DELETE_RETRIES = 3
-DELETE_RETRY_DELAY = 0.8
+#: Retries of a delete or a send, and the first wait before one (doubling): Azure.Core's RetryOptions defaults.
+RETRIES = 3
+RETRY_DELAY = 0.8
 _RETRIED_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+XML = "application/xml"
 
 
 class LeanQueue:
@@ -66,17 +69,26 @@ class LeanQueue:
         body = self._request("GET", "/messages", query, ok=200)
         return parse_messages(body) if b"<QueueMessage>" in body else []
 
+    def send(self, text: str) -> None:
+        """Put Message: ``text`` as the message's content, as stored (the caller encodes); retried as the
+        SDK retries it (a retry after a send that was applied leaves a second message, as with the SDK)."""
+        body = f"<?xml version='1.0' encoding='utf-8'?>\n<QueueMessage><MessageText>{escape(text)}</MessageText></QueueMessage>"
+        self._retried("POST", "/messages", {}, ok=201, body=body.encode("utf-8"))
+
     def delete(self, message_id: str, pop_receipt: str) -> None:
         """Delete Message, retried as the SDK retries it."""
-        delay = DELETE_RETRY_DELAY
-        for attempt in range(DELETE_RETRIES + 1):
+        self._retried("DELETE", f"/messages/{message_id}", {"popreceipt": pop_receipt}, ok=204)
+
+    def _retried(self, method: str, path: str, query: dict[str, str], *, ok: int, body: bytes | None = None) -> None:
+        delay = RETRY_DELAY
+        for attempt in range(RETRIES + 1):
             try:
-                self._request("DELETE", f"/messages/{message_id}", {"popreceipt": pop_receipt}, ok=204)
+                self._request(method, path, query, ok=ok, body=body)
                 return
             except (ServiceRequestError, ServiceResponseError, HttpResponseError) as error:
                 status = getattr(error, "status_code", None)
                 retried = status is None or status in _RETRIED_STATUS
-                if isinstance(error, ResourceNotFoundError) or not retried or attempt == DELETE_RETRIES:
+                if isinstance(error, ResourceNotFoundError) or not retried or attempt == RETRIES:
                     raise
             time.sleep(delay)
             delay *= 2
@@ -84,13 +96,20 @@ class LeanQueue:
     def close(self) -> None:
         self._pool.close()
 
-    def _request(self, method: str, path: str, query: dict[str, str], *, ok: int) -> bytes:
+    def _request(self, method: str, path: str, query: dict[str, str], *, ok: int, body: bytes | None = None) -> bytes:
         date = formatdate(usegmt=True)
         headers = {"x-ms-date": date, "x-ms-version": self._version}
-        headers["Authorization"] = f"SharedKey {self._account}:{self._sign(method, path, query, headers)}"
-        url = self._path + path + "?" + "&".join(f"{name}={quote(value, safe='')}" for name, value in query.items())
+        signed = self._sign(method, path, query, headers, len(body) if body else 0, XML if body else "")
+        headers["Authorization"] = f"SharedKey {self._account}:{signed}"
+        if body:
+            headers["Content-Type"] = XML
+        url = self._path + path
+        if query:
+            url += "?" + "&".join(f"{name}={quote(value, safe='')}" for name, value in query.items())
         try:
-            response = self._pool.urlopen(method, url, headers=headers, redirect=False, preload_content=True)
+            response = self._pool.urlopen(
+                method, url, body=body, headers=headers, redirect=False, preload_content=True
+            )
         except (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError) as error:
             raise ServiceRequestError(str(error), error=error) from error
         except urllib3.exceptions.HTTPError as error:
@@ -99,11 +118,15 @@ class LeanQueue:
             raise _refusal(response)
         return response.data
 
-    def _sign(self, method: str, path: str, query: dict[str, str], headers: dict[str, str]) -> str:
-        """Shared Key (the Blob, Queue and File services' string to sign; no body, no standard headers)."""
+    def _sign(self, method: str, path: str, query: dict[str, str], headers: dict[str, str], length: int,
+              content_type: str) -> str:
+        """Shared Key: the Blob, Queue and File services' string to sign (of the standard headers,
+        only Content-Length, empty when 0, and Content-Type are ever set here)."""
         canonical_headers = "".join(f"{name}:{headers[name]}\n" for name in sorted(headers))
         canonical_query = "".join(f"\n{name}:{query[name]}" for name in sorted(query))
-        to_sign = f"{method}\n" + "\n" * 11 + canonical_headers + self._resource + path + canonical_query
+        standard = ["", "", str(length) if length else "", "", content_type, "", "", "", "", "", ""]
+        to_sign = f"{method}\n" + "".join(f"{value}\n" for value in standard) + canonical_headers
+        to_sign += self._resource + path + canonical_query
         return base64.b64encode(hmac.new(self._key, to_sign.encode("utf-8"), hashlib.sha256).digest()).decode()
 
 
