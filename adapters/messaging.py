@@ -257,8 +257,16 @@ class Nudger:
 
     def nudge(self, nudge: Nudge, *, delay: timedelta = timedelta(0)) -> None:
         seconds = max(0, min(int(delay.total_seconds() + 0.999), 7 * 24 * 3600 - 1))
-        body = telemetry.stamp(nudge).model_dump_json(exclude_none=True)
-        self.queue_for(nudge.order_id).send_message(body, visibility_timeout=seconds or None)
+        self.queue_for(nudge.order_id).send_message(self.body(nudge), visibility_timeout=seconds or None)
+        self.sent()
+
+    @staticmethod
+    def body(nudge: Nudge) -> str:
+        """The text a nudge is sent as (before base64), with the current span's trace context."""
+        return telemetry.stamp(nudge).model_dump_json(exclude_none=True)
+
+    def sent(self) -> None:
+        """Count one nudge sent, by this nudger or by a function's queue output binding."""
         self.ops["nudge"] += 1
         telemetry.message_sent("storage_queue", "nudge")
 

@@ -3,6 +3,8 @@ plain functions in ``submission`` and ``dispatch`` with the process's collaborat
 
 from __future__ import annotations
 
+import inspect
+
 import azure.functions as func
 
 from adapters import telemetry
@@ -30,6 +32,33 @@ def scheduler(s: Services) -> dispatch.Scheduler:
     )
 
 
+#: The submission's nudge leaves through a storage-queue output binding, one per scheduler
+#: queue (a binding names one queue; the function sets only its order's). The Functions host
+#: sends it once the function returned, and a message that an output binding of an instance
+#: sends wakes that instance's own listener of the queue at once, where a send through the
+#: SDK waits for the listener's next poll: at light load up to host.json maxPollingInterval
+#: (README, "How it works"; tools/funchost/README.md cites the host's source).
+NUDGE_OUTPUTS: tuple[str, ...] = tuple(f"nudge_{shard}" for shard, _ in enumerate(names.SCHEDULER_QUEUES))
+
+
+def with_nudge_outputs(function):
+    """``function(msg, **nudges)`` with one ``func.Out[str]`` per scheduler queue, bound to that
+    queue. The worker finds a function's parameters in its signature and their types in its
+    type hints: both name every output."""
+    out = func.Out[str]
+    function.__signature__ = inspect.Signature(
+        [inspect.Parameter("msg", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=func.ServiceBusMessage)]
+        + [inspect.Parameter(arg, inspect.Parameter.KEYWORD_ONLY, annotation=out) for arg in NUDGE_OUTPUTS],
+        return_annotation=None,
+    )
+    function.__annotations__ = {"msg": func.ServiceBusMessage, **{arg: out for arg in NUDGE_OUTPUTS}, "return": None}
+    for arg, (_, setting) in zip(NUDGE_OUTPUTS, names.SCHEDULER_QUEUES, strict=True):
+        function = bp.queue_output(arg_name=arg, queue_name=f"%{setting}%", connection=names.STORAGE_CONNECTION)(
+            function
+        )
+    return function
+
+
 @bp.function_name("submit_order")
 # data_type binary: the function gets the body's bytes as sent, and the host merges none of
 # a JSON body's top-level fields into the message's properties (a body's "ReplyTo" would
@@ -38,7 +67,8 @@ def scheduler(s: Services) -> dispatch.Scheduler:
     arg_name="msg", queue_name=f"%{names.ORDERS_QUEUE_SETTING}%", connection=names.SERVICEBUS_CONNECTION,
     data_type=func.DataType.BINARY,
 )
-def submit_order(msg: func.ServiceBusMessage) -> None:
+@with_nudge_outputs
+def submit_order(msg: func.ServiceBusMessage, **nudges: func.Out[str]) -> None:
     s = services()
     # The client's trace context (traceparent, or Diagnostic-Id) is the order trace's parent.
     with telemetry.entry(names.SPAN_SUBMIT, telemetry.parent_from_properties(msg.application_properties)):
@@ -57,8 +87,12 @@ def submit_order(msg: func.ServiceBusMessage) -> None:
             trace_parent=telemetry.traceparent(),
         )
         if result.nudge is not None:
-            # To the order's own scheduler queue (an output binding names one queue only).
-            s.nudger.nudge(result.nudge)
+            # To the order's own scheduler queue, sent by the host after the rows (written
+            # above) and only if the function returns: raising sends nothing, Service Bus
+            # delivers the order again, and the submission, idempotent, nudges again.
+            shard = names.scheduler_queue_shard(result.nudge.order_id)
+            nudges[NUDGE_OUTPUTS[shard]].set(s.nudger.body(result.nudge))
+            s.nudger.sent()
 
 
 def handle_nudge(msg: func.QueueMessage) -> None:

@@ -244,7 +244,10 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
     light_rows = [[side.name, side.light.orders, side.light.processed, side.light.percentile(50),
                    side.light.percentile(95), side.light.percentile(99)] for side in (ours, theirs)]
     section.table(f"light load: {plan.latency_rate:g} orders/s for {plan.peer_latency_seconds:g} s, 1 process",
-                  ["side", "orders", "done", "p50 s", "p95 s", "p99 s"], light_rows)
+                  ["side", "orders", "done", "p50 s", "p95 s", "p99 s"], light_rows,
+                  note="Where this stack's time goes at light load, hop by hop, what each hop costs locally and what "
+                  "bounds it in Azure: \"Light-load latency, hop by hop\" (written by hand, kept by make bench), "
+                  "under \"Where the CPU goes, and what was cut\".")
     section.table(
         "versions and settings",
         ["side", "versions", "settings"],

@@ -135,22 +135,40 @@ def test_storage_queues_and_poison_queues_match_core_names(deployment):
 def test_every_scheduler_queue_is_read_by_one_function_of_its_own(function_bindings, deployed_settings, deployment):
     """One queue-triggered scheduler function per shard (and ``schedule_order`` on the queue of
     before the sharding), each on the queue its %SCHEDULER_QUEUE_<n>% setting names, all in
-    the host's account; nothing else reads them, and no function writes to one by binding
-    (the Nudger picks the order's queue)."""
+    the host's account; nothing else reads them. Only ``submit_order`` writes to them by
+    binding: one output per shard's queue (its nudge, so the host wakes its own listener at
+    once), in the account the listeners read; nothing writes to the queue of before the sharding."""
     readers: dict[str, list[str]] = {}
+    writers: dict[str, list[str]] = {}
     for function, bindings in function_bindings.items():
         for binding in bindings:
-            if binding["type"] == "queueTrigger":
-                readers.setdefault(resolve(binding["queueName"], deployed_settings), []).append(function)
+            if binding["type"] in ("queueTrigger", "queue"):
+                found = readers if binding["type"] == "queueTrigger" else writers
+                found.setdefault(resolve(binding["queueName"], deployed_settings), []).append(function)
                 assert binding.get("connection") == names.STORAGE_CONNECTION, function
-            assert binding["type"] != "queue", f"{function}: nudges go through the Nudger, to the order's queue"
     expected = {name: [names.schedule_function(shard)] for shard, (name, _) in enumerate(names.SCHEDULER_QUEUES)}
     expected[names.SCHEDULER_QUEUE] = [names.SCHEDULE_FUNCTION]
     assert readers == expected
     # Disabling these holds every claim back (tests/e2e/test_cancel_before_claim.py).
     assert sorted(names.schedule_functions()) == sorted(f for readers_of in expected.values() for f in readers_of)
+    assert writers == {name: ["submit_order"] for name, _ in names.SCHEDULER_QUEUES}
     assert len(names.SCHEDULER_QUEUES) == names.SCHEDULER_QUEUE_SHARDS
     assert {deployed_settings[setting] for _, setting in names.SCHEDULER_QUEUES} <= names_of(deployment, STORAGE_QUEUE)
+
+
+def test_nudges_are_base64_whoever_sends_them(deployed_settings):
+    """The submission's nudge goes through a queue output binding, which the host encodes as
+    host.json ``messageEncoding`` says; every other nudge through the Nudger's SDK client,
+    base64 (adapters/clients.py queue_client). Both must be what the trigger decodes."""
+    from azure.storage.queue import TextBase64EncodePolicy
+
+    from adapters import clients
+
+    queues = json.loads((ROOT / "host.json").read_text())["extensions"]["queues"]
+    assert queues.get("messageEncoding", "base64") == "base64"
+    assert not any(key.lower().endswith("__messageencoding") for key in deployed_settings), "overridden in Azure"
+    client = clients.queue_client(Settings.model_construct(storage_connection_string="UseDevelopmentStorage=true"), "q")
+    assert isinstance(client._message_encode_policy, TextBase64EncodePolicy)
 
 
 def test_tables_match_core_names(deployment):

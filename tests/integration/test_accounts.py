@@ -21,9 +21,9 @@ from scheduler import dispatch
 from scheduler.blueprint import scheduler, submit_order
 from supervisor.supervision import policy_from, resubmit, sweep
 from tests.factories import every_page, servicebus_message
-from tests.fixtures.app import take_nudges
+from tests.fixtures.app import as_host, take_nudges
 
-submit_handler = submit_order.build().get_user_function()
+submit_handler = as_host(submit_order)  # its nudge goes through a queue output binding
 ACCOUNTS = azurite_launcher.STATE_ACCOUNTS[:2]
 IDS = [f"two-{i:02d}" for i in range(12)]
 

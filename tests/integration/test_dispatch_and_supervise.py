@@ -21,10 +21,10 @@ from scheduler import dispatch
 from scheduler.blueprint import scheduler, submit_order
 from supervisor.supervision import NotResubmittable, policy_from, resubmit, sweep
 from tests.factories import servicebus_message
-from tests.fixtures.app import take_nudges, waiting_nudges
+from tests.fixtures.app import as_host, take_nudges, waiting_nudges
 from tests.servicebus_helpers import bodies, receive
 
-submit_handler = submit_order.build().get_user_function()
+submit_handler = as_host(submit_order)  # its nudge goes through a queue output binding
 
 
 def submit(order_id: str, reply_to: str | None = None) -> Nudge:

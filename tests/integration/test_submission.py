@@ -13,9 +13,9 @@ from adapters.wiring import services
 from devtools.orders import order_json
 from scheduler.blueprint import submit_order
 from tests.factories import Captured, servicebus_message
-from tests.fixtures.app import take_nudges
+from tests.fixtures.app import as_host, take_nudges
 
-handler = submit_order.build().get_user_function()
+handler = as_host(submit_order)  # its nudge goes through a queue output binding
 
 
 def submit(body: bytes, **properties) -> Captured:

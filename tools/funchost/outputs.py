@@ -22,8 +22,12 @@ from azure.servicebus import ServiceBusMessage, ServiceBusSender
 from .app import QUEUE_OUTPUT, SERVICE_BUS_OUTPUT, Binding
 from .config import QueueOptions
 from .connections import Clients
+from .queue_rest import LeanQueue, lean_queue
 
 log = logging.getLogger("funchost")
+
+#: Connections kept per queue an output sends to (invocations in flight share them).
+OUTPUT_POOL_SIZE = 16
 
 
 def encode_queue_text(value: str | bytes, encoding: str) -> str:
@@ -77,6 +81,7 @@ class OutputSender:
         self._encoding = queue_options.message_encoding
         self._on_queue_message = on_queue_message or (lambda name: None)
         self._senders: dict[tuple[str, str], tuple[threading.Lock, ServiceBusSender]] = {}
+        self._lean: dict[tuple[str, str], LeanQueue | None] = {}
         self._lock = threading.Lock()
 
     def prepare(self, binding: Binding) -> None:
@@ -94,13 +99,19 @@ class OutputSender:
 
     def _send_queue(self, binding: Binding, value: Any) -> None:
         client = self._clients.queue(binding.connection, binding.queue_name)
+        key = (binding.connection, binding.queue_name)
+        with self._lock:
+            if key not in self._lean:  # Put Message without the SDK's pipeline where the connection allows
+                self._lean[key] = lean_queue(client, pool_size=OUTPUT_POOL_SIZE)
+            lean = self._lean[key]
+        send = lean.send if lean is not None else client.send_message
         for item in _queue_items(value):
             text = encode_queue_text(item, self._encoding)
             try:
-                client.send_message(text)
+                send(text)
             except ResourceNotFoundError:
                 ensure_queue(self._clients, binding.connection, binding.queue_name)
-                client.send_message(text)
+                send(text)
         self._on_queue_message(binding.queue_name)
 
     def _send_servicebus(self, binding: Binding, value: Any) -> None:
@@ -133,6 +144,10 @@ class OutputSender:
         with self._lock:
             senders = list(self._senders.values())
             self._senders.clear()
+            lean = [queue for queue in self._lean.values() if queue is not None]
+            self._lean.clear()
+        for queue in lean:
+            queue.close()
         for lock, sender in senders:
             with lock:
                 try:

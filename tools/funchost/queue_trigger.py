@@ -1,9 +1,13 @@
 """Storage queue trigger, with the Functions host's polling, leasing and poison handling.
 
 - Polls for up to ``batchSize`` messages; fetches the next batch when the messages in
-  flight drop to ``newBatchThreshold``. An empty poll doubles the wait, from 100 ms up
-  to ``maxPollingInterval``; a message found resets it. A message that a function of
-  this host sends to the queue wakes the poller at once.
+  flight drop to ``newBatchThreshold``. After an empty poll it waits as the Functions
+  host's listener does: 100 ms after a poll that found messages, then a randomized
+  exponential back-off (100 ms + 0.8-1.2 x 100 ms x 2^(n-1): ~200, ~300, ~500, ~900 ms,
+  ...) up to ``maxPollingInterval``. A message that an output binding of this host sends
+  to the queue wakes the poller at once (the Storage Queues extension's SharedQueueWatcher;
+  README.md cites the source). Each poll is one Get Messages request built and signed
+  here (``queue_rest``) when the connection has an account key, through the SDK otherwise.
 - A received message is leased for 10 minutes and the lease is renewed at half-time
   while it is in flight, its function running or waiting for a worker thread (the
   Functions host does the same), so a slow function never lets another instance take
@@ -19,6 +23,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -34,11 +39,41 @@ from .connections import Clients
 from .invoke import Invoker, TriggerValue
 from .listener import Listener
 from .outputs import decode_queue_text, ensure_queue
+from .queue_rest import lean_queue
 
 log = logging.getLogger("funchost")
 
+#: QueuePollingIntervals.Minimum of the Storage Queues extension.
 MIN_POLL_SECONDS = 0.1
 POISON_SUFFIX = "-poison"
+
+
+class Backoff:
+    """The Functions host's wait between polls (the extension's RandomizedExponentialBackoffStrategy,
+    randomization factor 0.2, with the minimum as the base delta): ``next(found)`` after each poll
+    that came back empty, ``found`` when a poll since the previous wait found messages."""
+
+    RANDOMIZATION = 0.2
+
+    def __init__(self, minimum: float, maximum: float, rng: random.Random | None = None) -> None:
+        self._minimum, self._maximum = minimum, max(minimum, maximum)
+        self._current = 0.0
+        self._exponent = 0
+        self._rng = rng or random.Random()
+
+    def next(self, found: bool) -> float:
+        if found:
+            self._current, self._exponent = self._minimum, 1
+        elif self._current != self._maximum:
+            interval = self._minimum
+            if self._exponent > 0:
+                factor = self._rng.uniform(1 - self.RANDOMIZATION, 1 + self.RANDOMIZATION)
+                interval += factor * 2 ** (self._exponent - 1) * self._minimum
+            if interval < self._maximum:
+                self._current, self._exponent = interval, self._exponent + 1
+            else:
+                self._current = self._maximum
+        return self._current
 
 
 @dataclass
@@ -67,6 +102,9 @@ class QueueTriggerListener(Listener):
         self._lease = int(options.lease.total_seconds())
         self._batch = min(32, max(1, options.batch_size))
         self._threshold = max(0, options.new_batch_threshold)
+        # Receive and delete without the SDK's pipeline where the connection allows (queue_rest):
+        # one connection for the poller and one per message in flight.
+        self._rest = lean_queue(self._client, pool_size=self._batch + self._threshold + 1)
         self._executor = ThreadPoolExecutor(
             max_workers=self._batch + self._threshold, thread_name_prefix=f"queue-{spec.name}"
         )
@@ -91,7 +129,8 @@ class QueueTriggerListener(Listener):
     # --- the poller thread ------------------------------------------------------------
 
     def _run(self) -> None:
-        delay = MIN_POLL_SECONDS
+        backoff = Backoff(MIN_POLL_SECONDS, self._options.max_polling_interval.total_seconds())
+        found = False
         self.ready.set()
         while not self._stopping.is_set():
             self._renew_leases()
@@ -99,19 +138,25 @@ class QueueTriggerListener(Listener):
                 self._slot_signal.wait(min(0.5, self._until_renewal()))
                 self._slot_signal.clear()
                 continue
+            # A wake-up counts for the polls after it: this one sees what was sent before it
+            # (the Functions host likewise arms a new notification before each poll).
+            self._poll_signal.clear()
             messages = self._receive()
             if messages:
-                delay = MIN_POLL_SECONDS
+                found = True
                 for message in messages:
                     self._dispatch(message)
                 continue
-            self._poll_signal.wait(min(delay, self._until_renewal()))
-            self._poll_signal.clear()
-            delay = min(delay * 2, self._options.max_polling_interval.total_seconds())
+            self._poll_signal.wait(min(backoff.next(found), self._until_renewal()))
+            found = False
         self._drain()
+        if self._rest is not None:
+            self._rest.close()
 
     def _receive(self) -> list[StorageMessage]:
         try:
+            if self._rest is not None:
+                return self._rest.receive(self._batch, self._lease)
             pages = self._client.receive_messages(
                 messages_per_page=self._batch, visibility_timeout=self._lease
             ).by_page()
@@ -226,7 +271,10 @@ class QueueTriggerListener(Listener):
                 return
             lease.settled = True
             try:
-                self._client.delete_message(lease.message.id, lease.pop_receipt)
+                if self._rest is not None:
+                    self._rest.delete(lease.message.id, lease.pop_receipt)
+                else:
+                    self._client.delete_message(lease.message.id, lease.pop_receipt)
             except ResourceNotFoundError:
                 log.warning("%s: message %s was already gone when deleting it", self.name, lease.message.id)
 
