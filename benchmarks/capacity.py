@@ -226,8 +226,11 @@ class Counts:
 
 def counts(data: dict, steps: int | None = None, *, io_ms: float = IO_MS, remote_ms: float = 0.0) -> Counts:
     """The counts for an order of ``steps`` steps (the measured workflow's by default):
-    the fixed part once, the per-step part ``steps`` times. The host's CPU, measured for
-    the workflow's steps, is split the way the executions are.
+    the fixed part once, the per-step part ``steps`` times. The table reads (the scheduler's
+    partition query when a step's response arrives) are counted in the fixed part's requests,
+    as their role is no step's transaction, and per step as ``reads``: they scale with the
+    steps. The host's CPU, measured for the workflow's steps, is split the way the executions
+    are.
 
     An execution's time in Azure is its CPU plus its waits: ``io_ms`` for its storage and
     Service Bus calls (an assumption: Azure's latency, not loopback's), and ``remote_ms``
@@ -255,6 +258,8 @@ def _counts(data: dict, steps: int | None, io_ms: float, remote_ms: float) -> Co
     # order, a request and a response per step (half the step's sends each).
     sb_bytes = 2 * (sb_fixed["sends"] * sizes["orders_message"]
                     + k * (sizes["request_message"] + sizes["response_message"]) * sb_step["sends"] / 2)
+    # The reads are in the fixed part's requests as measured; they are the steps'.
+    reads = step["table"].get("reads", 0.0)
     exec_fixed, exec_step = fixed["executions"]["total"], step["executions"]["total"]
     measured_exec = exec_fixed + measured * exec_step
     cpu_ms = data["cpu_ms_per_order"]["host"] * (exec_fixed + k * exec_step) / measured_exec
@@ -262,7 +267,7 @@ def _counts(data: dict, steps: int | None, io_ms: float, remote_ms: float) -> Co
     rows = sizes["state_row"] + sizes["orders_message"] + k * sizes["step_row"]
     return Counts(
         steps=k,
-        table_requests=fixed["table"]["requests"] + k * step["table"]["requests"],
+        table_requests=fixed["table"]["requests"] + k * step["table"]["requests"] + (k - measured) * reads,
         table_entities=fixed["table"]["entities_written"] + k * step["table"]["entities_written"],
         index_entities=index,
         queue_operations=fixed["queue"]["total"],
