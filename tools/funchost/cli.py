@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 from .app import AppLoadError
@@ -69,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def configure_logging(verbose: bool, debug: list[str] = ()) -> None:
+def configure_logging(verbose: bool, debug: Iterable[str] = ()) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
