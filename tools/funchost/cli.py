@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 from .app import AppLoadError
@@ -58,10 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
         "else 7071, as Core Tools; 0 picks a free port). The URL is logged at start.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, Azure SDK logs included")
+    parser.add_argument(
+        "--debug",
+        nargs="+",
+        default=[],
+        metavar="LOGGER",
+        help="debug logging for these loggers only (e.g. funchost.queue: each storage-queue poller's "
+        "long waits between empty polls), the rest at the default level",
+    )
     return parser
 
 
-def configure_logging(verbose: bool) -> None:
+def configure_logging(verbose: bool, debug: Iterable[str] = ()) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
@@ -70,11 +79,13 @@ def configure_logging(verbose: bool) -> None:
     log.setLevel(logging.DEBUG if verbose else logging.INFO)
     # The SDKs log every HTTP request and AMQP frame at INFO; keep their warnings only.
     logging.getLogger("azure").setLevel(logging.DEBUG if verbose else logging.WARNING)
+    for name in debug:
+        logging.getLogger(name).setLevel(logging.DEBUG)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure_logging(args.verbose)
+    configure_logging(args.verbose, args.debug)
     app_dir: Path = args.app_dir
     if not (app_dir / "function_app.py").is_file():
         log.error("no function_app.py in %s (use --app-dir)", app_dir.resolve())

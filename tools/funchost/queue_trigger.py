@@ -42,6 +42,9 @@ from .outputs import decode_queue_text, ensure_queue
 from .queue_rest import lean_queue
 
 log = logging.getLogger("funchost")
+#: The pollers' own debug lines (``--debug funchost.queue``): each wait of IDLE_LOG_SECONDS or more.
+poll_log = logging.getLogger("funchost.queue")
+IDLE_LOG_SECONDS = 2.0
 
 #: QueuePollingIntervals.Minimum of the Storage Queues extension.
 MIN_POLL_SECONDS = 0.1
@@ -147,7 +150,10 @@ class QueueTriggerListener(Listener):
                 for message in messages:
                     self._dispatch(message)
                 continue
-            self._poll_signal.wait(min(backoff.next(found), self._until_renewal()))
+            wait = min(backoff.next(found), self._until_renewal())
+            if wait >= IDLE_LOG_SECONDS and poll_log.isEnabledFor(logging.DEBUG):
+                poll_log.debug("queue %s: idle, next poll in %.2f s", self.queue_name, wait)
+            self._poll_signal.wait(wait)
             found = False
         self._drain()
         if self._rest is not None:

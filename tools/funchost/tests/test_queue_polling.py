@@ -4,7 +4,7 @@ and the wake-up of an instance's own listener by its output bindings."""
 from __future__ import annotations
 
 import random
-import time
+import re
 from datetime import datetime, timedelta
 
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
@@ -12,6 +12,9 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from tools.funchost.queue_trigger import MIN_POLL_SECONDS, Backoff
 
 from .support import APP_DIR, eventually, host_env, records
+
+#: How long neither poller may poll when the test sends (the output's message must wait for no one).
+QUIET = timedelta(seconds=2.5)
 
 
 def test_the_wait_between_empty_polls_grows_as_the_functions_host_s():
@@ -38,10 +41,14 @@ def test_an_output_binding_wakes_its_own_instance_s_idle_listener_at_once(
         AzureFunctionsJobHost__extensions__queues__maxPollingInterval="00:01:00",
     )
     env["FH_OUT_QUEUE"] = names["FH_QUEUE"]  # sb_record's queue output feeds queue_record's trigger
-    hosts = funchost.start(APP_DIR, count=2, env=env)
+    hosts = funchost.start(APP_DIR, count=2, env=env, args=["--debug", "funchost.queue"])
     # Idle polls after start: ~0.1, 0.3, 0.6, 1.1, 2.0, 3.7, 7.0, 13.4 s (±20% from the third on).
-    # From ~9 s on, neither instance polls again for about 3 s or more.
-    time.sleep(9)
+    # Send once neither instance's next poll of the queue is due for QUIET seconds or more.
+    eventually(
+        lambda: all(_next_poll(host, names["FH_QUEUE"]) > datetime.now() + QUIET for host in hosts),
+        timeout=60,
+        what=f"both instances' pollers of {names['FH_QUEUE']} idle for {QUIET.total_seconds():g} s or more",
+    )
     with (
         ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client,
         client.get_queue_sender(names["FH_SB_QUEUE"]) as sender,
@@ -55,3 +62,17 @@ def test_an_output_binding_wakes_its_own_instance_s_idle_listener_at_once(
     waited = datetime.fromisoformat(taken["at"]) - datetime.fromisoformat(sent["at"])
     assert waited < timedelta(seconds=2.5), f"the output's message waited {waited} for a poll"
     assert {host.instance_id for host in hosts} >= {sent["instance"]}
+
+
+def _next_poll(host, queue: str) -> datetime:
+    """When ``host``'s poller of ``queue`` polls next, by its last idle line (``--debug funchost.queue``);
+    the distant past when it logged none (its waits are still shorter than 2 s)."""
+    idle = re.findall(
+        rf"^(\S+ \S+) DEBUG +\[funchost\.queue\] queue {re.escape(queue)}: idle, next poll in ([\d.]+) s$",
+        host.log_text(),
+        re.MULTILINE,
+    )
+    if not idle:
+        return datetime.min
+    logged, wait = idle[-1]
+    return datetime.strptime(logged, "%Y-%m-%d %H:%M:%S,%f") + timedelta(seconds=float(wait))
