@@ -212,7 +212,7 @@ class Runner:
                     sender = OrderSender(stack.servicebus_connection_string)
                     try:
                         pipeline.warm_up(stack, sender, "warm-", count=self.plan.warm_up_orders)
-                        log = AzuriteLog(debug_log)
+                        log = AzuriteLog(debug_log, stack.azurite.connection_string)
                         if "idle" in wanted:
                             self._phase("idle", self._idle, stack, log)
                         if "ops" in wanted:

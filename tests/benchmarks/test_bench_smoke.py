@@ -281,3 +281,17 @@ def test_azurite_log_roles_tell_a_step_from_the_orders_fixed_part():
     assert operations.writes_by_role[azurite_log.SUBMISSION] == 2
     assert azurite_log.INDEX_QUERY not in operations.writes_by_role
     assert operations.by_operation["Table_Batch"] == 4
+
+
+def test_azurite_log_counts_no_request_of_its_own_marks():
+    base = "http://127.0.0.1/devstoreaccount1"
+    mark = f"{base}/{azurite_log.MARKER}0123456789abcdef(PartitionKey='mark',RowKey='mark')"
+    log = "\n".join([
+        _request("m1", "Table_QueryEntitiesWithPartitionAndRowKey", mark, 404),
+        _request("r1", "Table_QueryEntitiesWithPartitionAndRowKey", f"{base}/orders(PartitionKey='o1',RowKey='state')",
+                 200),
+    ])
+    operations = azurite_log.parse(log.encode())
+    assert operations.by_role == {azurite_log.POINT_READ: 1}
+    assert operations.by_status == {"Table_QueryEntitiesWithPartitionAndRowKey 200": 1}
+    assert not operations.failed()
