@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from urllib.parse import unquote
+
+from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableServiceClient
 
 _OPERATION = re.compile(r"^\S+ (\S+) info: DispatchMiddleware: Operation=(\w+)")
 _END = re.compile(r"^\S+ (\S+) info: EndMiddleware: End response\. TotalTimeInMS=(\d+) StatusCode=(\d+)")
@@ -116,24 +120,44 @@ def batch_rows(raw: str) -> list[tuple[str, str]]:
     return rows
 
 
+#: The tables :meth:`AzuriteLog.mark` reads (they never exist): :func:`parse` counts no request to them.
+MARKER = "azuritelogmark"
+
+
 class AzuriteLog:
     """Reads the debug log incrementally: :meth:`mark` notes a position, :meth:`since`
-    counts the operations logged after it."""
+    counts the operations logged after it. ``connection_string``: the Azurite whose log it is."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, connection_string: str) -> None:
         self.path = path
+        self._tables = TableServiceClient.from_connection_string(connection_string)
+        #: Where the next mark is searched from (every mark lies past the one before).
+        self._searched = 0
 
-    def mark(self, settle: float = 0.5) -> int:
-        """The end of the log once Azurite has written what it was writing (it logs asynchronously)."""
-        size = -1
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            time.sleep(settle)
-            now = self.path.stat().st_size if self.path.exists() else 0
-            if now == size:
-                break
-            size = now
-        return max(size, 0)
+    def mark(self, timeout: float = 10.0) -> int:
+        """The position in the log of a request made now: a point read of a table that does
+        not exist (``MARKER`` + a random suffix, not counted by :func:`parse`). Azurite logs a
+        request's lines as it handles it, so every request answered before this one lies
+        before the position. (Waiting for the log to stop growing, as before, never ended
+        while a host polled its queues: each mark waited out its 10 s.)"""
+        name = f"{MARKER}{uuid.uuid4().hex[:16]}"
+        try:
+            self._tables.get_table_client(name).get_entity("mark", "mark")
+        except ResourceNotFoundError:
+            pass  # the table does not exist: the request was logged all the same
+        needle = name.encode()
+        deadline = time.monotonic() + timeout
+        while True:
+            with open(self.path, "rb") as handle:
+                handle.seek(self._searched)
+                data = handle.read()
+            at = data.find(needle)
+            if at >= 0:
+                self._searched += data.rfind(b"\n", 0, at) + 1  # the start of the request's first line
+                return self._searched
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Azurite did not log the request to {name} within {timeout:g} s ({self.path})")
+            time.sleep(0.02)
 
     def since(self, start: int, end: int | None = None) -> Operations:
         with open(self.path, "rb") as handle:
@@ -166,6 +190,7 @@ def parse(data: bytes) -> Operations:
             match = _BATCH.match(text)
             if match:
                 batches[match[1]] = batch_rows(text[match.end():])
+    operations = {rid: op for rid, op in operations.items() if MARKER not in urls.get(rid, "")}  # AzuriteLog.mark's
     by_role: Counter[str] = Counter()
     writes: Counter[str] = Counter()
     for rid, op in operations.items():

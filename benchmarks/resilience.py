@@ -210,10 +210,12 @@ class OutageResult:
 
 
 def outage(stack: BenchStack, sender: OrderSender, *, orders: int, seconds: float, hosts: int,
-           open_seconds: float | None, warm_up: int, timeout: float, status=_quiet) -> OutageResult:
+           open_seconds: float | None, warm_up: int, timeout: float, status=_quiet,
+           settings: dict[str, str] | None = None) -> OutageResult:
     """Payments down for ``seconds`` while ``orders`` are sent at an even rate over that
-    time; then back, and every order waited for (``timeout`` s at most)."""
-    settings = {} if open_seconds is None else {"BREAKER_OPEN_SECONDS": f"{open_seconds:g}"}
+    time; then back, and every order waited for (``timeout`` s at most). ``settings``: other
+    app settings of the hosts (the app's defaults otherwise)."""
+    settings = {**(settings or {}), **({} if open_seconds is None else {"BREAKER_OPEN_SECONDS": f"{open_seconds:g}"})}
     status(f"outage: starting {hosts} host(s) with the app's defaults{' and ' + str(settings) if settings else ''}")
     started = stack.start_app_hosts(hosts, **settings)
     pipeline.warm_up(stack, sender, "warm-out-", count=warm_up)

@@ -95,6 +95,10 @@ class Plan:
     outage_hosts: int = 2
     #: BREAKER_OPEN_SECONDS for the outage (None: the app's default, 30 s).
     outage_open_seconds: float | None = None
+    #: Other app settings of the outage's hosts (none: the app's defaults). The smoke test shortens the
+    #: step timeout and the supervisor's period: an attempt the outage cut short waits for its Complete-By
+    #: and the next sweep (30 s + up to 15 s by default) before it is run again.
+    outage_settings: dict[str, str] = field(default_factory=dict)
     #: How long the orders may take to finish once payments is back.
     outage_timeout: float = 180.0
     #: Slow remotes: orders sent at once, every call taking this long, on these hosts.
@@ -208,7 +212,7 @@ class Runner:
                     sender = OrderSender(stack.servicebus_connection_string)
                     try:
                         pipeline.warm_up(stack, sender, "warm-", count=self.plan.warm_up_orders)
-                        log = AzuriteLog(debug_log)
+                        log = AzuriteLog(debug_log, stack.azurite.connection_string)
                         if "idle" in wanted:
                             self._phase("idle", self._idle, stack, log)
                         if "ops" in wanted:
@@ -828,6 +832,7 @@ class Runner:
                 r = resilience.outage(
                     stack, sender, orders=plan.outage_orders, seconds=plan.outage_seconds, hosts=plan.outage_hosts,
                     open_seconds=plan.outage_open_seconds, warm_up=plan.warm_up_orders, timeout=plan.outage_timeout,
+                    settings=plan.outage_settings,
                     status=self._counter,
                 )
             finally:
@@ -884,8 +889,10 @@ class Runner:
             "last host's first opening are the burst of requests already past the breaker; after it, a host calls "
             "only for a half-open trial (one call: the table's trials).",
         )
-        settings = ("the app's defaults" if plan.outage_open_seconds is None
-                    else f"the app's defaults but BREAKER_OPEN_SECONDS={plan.outage_open_seconds:g}")
+        changed = {**({} if plan.outage_open_seconds is None else
+                      {"BREAKER_OPEN_SECONDS": f"{plan.outage_open_seconds:g}"}), **plan.outage_settings}
+        settings = "the app's defaults" + (
+            f" but {', '.join(f'{name}={value}' for name, value in changed.items())}" if changed else "")
         section.intro = (
             f"{down} answers 503 to every call for {plan.outage_seconds:g} s (the fake remote's `transient` rate "
             f"1.0) while {r.orders} orders of {pipeline.STEPS} steps are sent at an even rate over that time to "

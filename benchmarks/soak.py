@@ -287,14 +287,17 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
              storage_faults: StorageFaults | None = None, servicebus_faults: ServiceBusFaults | None = None,
              operator: bool = True) -> Verdict:
     """``storage_faults``: Azure Storage's push-back between the hosts (and the operator's
-    ``ordersctl``) and Azurite; the soak's own audit reads Azurite directly.
+    ``ordersctl``) and Azurite, from the moment the hosts are up (their start-up goes through
+    the proxy unharmed: what the soak checks is the orders under push-back); the soak's own
+    audit reads Azurite directly.
     ``servicebus_faults``: the emulator's throttling, lost locks and dropped links; the
     steps' deadlines then outlast the Service Bus SDK's retries (SERVICEBUS_PUSHBACK_SETTINGS)."""
     rng = random.Random(seed)
     scripted = scripted_errors(orders)
     settings = {**SOAK_SETTINGS, **(SERVICEBUS_PUSHBACK_SETTINGS if servicebus_faults else {})}
     stack = SoakStack(settings=settings, remote_seed=seed, remote_slow_seconds=8.0, log_dir=out / "logs",
-                      storage_faults=storage_faults, storage_faults_seed=seed, servicebus_faults=servicebus_faults)
+                      storage_faults=None if storage_faults is None else StorageFaults(), storage_faults_seed=seed,
+                      servicebus_faults=servicebus_faults)
     counter: Counter = Counter()
     started = time.monotonic()
     phases: dict[str, float] = {}
@@ -307,6 +310,8 @@ def run_soak(orders: int = 1000, *, seed: int = 7, time_limit: float = 600.0, du
             load[name] = round(os.getloadavg()[0], 1)
 
     with stack.start(hosts=2):
+        if storage_faults is not None:
+            stack.set_storage_faults(storage_faults)  # the proxy started with none: the hosts are up
         phase("stack up")
         scripts = error_scripts(scripted)
         for service in remotes():

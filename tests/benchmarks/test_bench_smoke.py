@@ -56,10 +56,13 @@ APP_KEYS = [
     "idle.storage_per_min", "idle.servicebus_receive_calls_per_min",
 ]
 
-#: The resilience phases in their smallest form (~35 s together): a 4 s outage with a 1 s
-#: open breaker, a handful of orders, no warm-up.
+#: The resilience phases in their smallest form: a 4 s outage with a 1 s open breaker, a 5 s
+#: step timeout and a sweep every second (the attempts the outage cut short are run again ~6 s
+#: later, not after the default 30 s timeout and 15 s sweep: the phase took 46 s of its 77 s so),
+#: a handful of orders, no warm-up.
 RESILIENCE = Plan(
     warm_up_orders=0, outage_orders=16, outage_seconds=4.0, outage_hosts=2, outage_open_seconds=1.0,
+    outage_settings={"STEP_TIMEOUT_SECONDS": "5", "SUPERVISOR_SCHEDULE": "*/1 * * * * *"},
     outage_timeout=90.0, concurrency_orders=8, concurrency_apply_seconds=0.3, concurrency_hosts=1,
     concurrency_cap=30.0, unknown_orders=10, unknown_call_timeout=0.3, unknown_slow_seconds=1.0, unknown_hosts=1,
     unknown_timeout=40.0,
@@ -278,3 +281,17 @@ def test_azurite_log_roles_tell_a_step_from_the_orders_fixed_part():
     assert operations.writes_by_role[azurite_log.SUBMISSION] == 2
     assert azurite_log.INDEX_QUERY not in operations.writes_by_role
     assert operations.by_operation["Table_Batch"] == 4
+
+
+def test_azurite_log_counts_no_request_of_its_own_marks():
+    base = "http://127.0.0.1/devstoreaccount1"
+    mark = f"{base}/{azurite_log.MARKER}0123456789abcdef(PartitionKey='mark',RowKey='mark')"
+    log = "\n".join([
+        _request("m1", "Table_QueryEntitiesWithPartitionAndRowKey", mark, 404),
+        _request("r1", "Table_QueryEntitiesWithPartitionAndRowKey", f"{base}/orders(PartitionKey='o1',RowKey='state')",
+                 200),
+    ])
+    operations = azurite_log.parse(log.encode())
+    assert operations.by_role == {azurite_log.POINT_READ: 1}
+    assert operations.by_status == {"Table_QueryEntitiesWithPartitionAndRowKey 200": 1}
+    assert not operations.failed()

@@ -34,7 +34,7 @@ from core.models import AgentResponse, Context, LineRecord, OrderState, Outcome,
 from core.workflow import Kind, workflow
 from supervisor.supervision import liveness_timing
 from tests.polling import wait_until
-from tests.servicebus_helpers import bodies, receive
+from tests.servicebus_helpers import bodies, close_later, receive
 
 #: Short timings for tests, set through app settings (never by patching code).
 FAST = {
@@ -126,10 +126,13 @@ class Stack:
             )
             for order_id, body in orders
         ]
-        with ServiceBusClient.from_connection_string(self.connection_string) as client:
-            with client.get_queue_sender(self.settings["ORDERS_QUEUE"]) as sender:
-                for start in range(0, len(messages), 100):
-                    sender.send_messages(messages[start : start + 100])
+        client = ServiceBusClient.from_connection_string(self.connection_string)
+        try:
+            sender = client.get_queue_sender(self.settings["ORDERS_QUEUE"])
+            for start in range(0, len(messages), 100):
+                sender.send_messages(messages[start : start + 100])
+        finally:
+            close_later(client)  # sent: the close's wait on the SDK's keep-alive thread is nobody's
 
     def send_responses(self, responses: Iterable[AgentResponse]) -> None:
         """Agent responses on the agent-responses queue, as an agent sends them."""
@@ -140,9 +143,11 @@ class Stack:
             )
             for r in responses
         ]
-        with ServiceBusClient.from_connection_string(self.connection_string) as client:
-            with client.get_queue_sender(self.settings["AGENT_RESPONSES_QUEUE"]) as sender:
-                sender.send_messages(messages)
+        client = ServiceBusClient.from_connection_string(self.connection_string)
+        try:
+            client.get_queue_sender(self.settings["AGENT_RESPONSES_QUEUE"]).send_messages(messages)
+        finally:
+            close_later(client)
 
     # -- the state, as an operator reads it -------------------------------------------------
 

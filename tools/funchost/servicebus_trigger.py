@@ -241,6 +241,9 @@ class ServiceBusTriggerListener(Listener):
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _pump(self, receiver: ServiceBusReceiver, tap: DeliveryTap, untraced: _UntracedReceive) -> None:
+        # The receiver's link is open (``with receiver`` attached it): the listener is receiving. Ready
+        # now, not after a first receive call, which on an empty queue waits its RECEIVE_WAIT_SECONDS out.
+        self.ready.set()
         while True:
             self._settle_results(receiver)
             self._renew_locks(receiver)
@@ -262,7 +265,6 @@ class ServiceBusTriggerListener(Listener):
             # the broker delivers after a receive ended is handed back and delivered again).
             messages = untraced.receive(receiver, max_message_count=1, max_wait_time=RECEIVE_WAIT_SECONDS)
             self._receiving = True
-            self.ready.set()
             for message in messages:
                 self._dispatch(receiver, message, tap.take(message.lock_token))
             for item in tap.take_undecodable():
