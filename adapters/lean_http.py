@@ -28,9 +28,15 @@ azure-core maps each to the same error and its retry policy decides as before:
 
 Everything else goes to the wrapped ``HTTPAdapter`` unchanged: streamed responses (blob
 downloads), client certificates, a CA bundle of the caller's, proxies, bodies that are not
-bytes or text, and every table transaction (``/$batch``: its path is another change's,
-adapters/transport.py). An idle connection the server closed is dropped before reuse, as
-urllib3 does.
+bytes or text. A table transaction (``POST .../$batch``) is taken too: the Tables SDK asks
+for its answer as a stream (so that azure-core's ``ContentDecodePolicy`` leaves the multipart
+body alone) and then reads all of it at once (adapters/batch.py, or the SDK's ``parts()``);
+here it is read whole before it is handed back, and ``requests.Response.iter_content``
+serves the stream from that body. A failure while reading it is then raised in the
+transport, as for a plain request, instead of from the stream later: the same error, or its
+subclass ``IncompleteReadError`` for a body cut short, after the same number of tries
+(tests/integration/test_lean_http.py compares the two against a faulty server). An idle
+connection the server closed is dropped before reuse, as urllib3 does.
 """
 
 from __future__ import annotations
@@ -71,12 +77,14 @@ class HttpClientAdapter(BaseAdapter):
     # -- which requests -----------------------------------------------------------------
 
     def _takes(self, request: requests.PreparedRequest, stream, verify, cert, proxies) -> bool:
-        if stream or cert or proxies or verify is not True:
+        if cert or proxies or verify is not True:
             return False
         if request.body is not None and not isinstance(request.body, (bytes, str)):
             return False
         url = urlsplit(request.url)
-        return url.scheme in ("http", "https") and not url.path.endswith("/$batch")
+        if stream and not (request.method == "POST" and url.path.endswith("/$batch")):
+            return False  # a transaction's answer is read whole, though the SDK asks for a stream
+        return url.scheme in ("http", "https")
 
     def send(self, request, stream=False, timeout=None, verify=True, cert=None, proxies=None):
         if not self._takes(request, stream, verify, cert, proxies):

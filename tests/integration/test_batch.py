@@ -7,7 +7,8 @@ through ``LeanTableClient``, over the real SDK and real sockets, each on its own
 fixed for the comparison, so the two ``$batch`` requests the transport is handed must be
 equal but for the table's name, the rows' ETags (of the same length) and the request id:
 method, URL, every header (the shared-key signature included) in order, and the body byte
-for byte. The lean runs go through no ``email`` code at all."""
+for byte. The lean runs go through neither the ``email`` package's generator nor azure-core's
+multipart parser (``http.client`` still reads each answer's headers with the ``email`` parser)."""
 
 from __future__ import annotations
 

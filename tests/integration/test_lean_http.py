@@ -17,6 +17,7 @@ import pytest
 import requests
 from azure.core.exceptions import (
     AzureError,
+    HttpResponseError,
     IncompleteReadError,
     ServiceRequestError,
     ServiceResponseError,
@@ -24,14 +25,14 @@ from azure.core.exceptions import (
 )
 from azure.core.pipeline.transport import RequestsTransport
 from azure.core.rest import HttpRequest
-from azure.data.tables import TableServiceClient
+from azure.data.tables import TableClient, TableServiceClient
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from requests.adapters import HTTPAdapter
 
-from adapters import clients, transport
+from adapters import batch, clients, store, transport
 from adapters.lean_http import HttpClientAdapter
 from tests.polling import wait_until
 
@@ -247,16 +248,69 @@ def test_a_kept_alive_connection_is_reused_and_one_the_server_closed_is_not(serv
     assert adapter.idle_connections() == 0
 
 
-def test_transactions_and_streamed_reads_keep_requests_own_adapter(server):
+def test_a_transaction_goes_over_http_client_and_a_streamed_read_keeps_requests_own_adapter(server):
     s = server(lambda connection, data: _answer(connection))
     session = transport.new_session()
     adapter = session.get_adapter(s.url)
-    for url, stream in ((s.url + "/acct/$batch", False), (s.url + "/blob", True)):
-        response = session.request("POST", url, data=b"x", timeout=(5, 5), allow_redirects=False, stream=stream)
-        assert response.status_code == 200 and response.content == b'{"ok":true}'
-    assert adapter.idle_connections() == 0  # neither went over http.client
-    assert len(adapter.fallback.poolmanager.pools) == 1  # both through requests' adapter
+    for stream in (False, True):  # (the Tables SDK asks for a transaction's answer as a stream)
+        response = session.request("POST", s.url + "/acct/$batch", data=b"x", timeout=(5, 5),
+                                   allow_redirects=False, stream=stream)
+        assert response.status_code == 200
+        assert b"".join(response.iter_content(4)) == b'{"ok":true}' == response.content
+    assert adapter.idle_connections() == 1 and not adapter.fallback.poolmanager.pools  # over http.client
+    response = session.request("GET", s.url + "/blob", timeout=(5, 5), allow_redirects=False, stream=True)
+    assert response.status_code == 200 and response.content == b'{"ok":true}'
+    assert len(adapter.fallback.poolmanager.pools) == 1  # the streamed read through requests' adapter
     session.close()
+
+
+def _transaction_error(table_client, url: str, transport_: RequestsTransport, **timeouts) -> Exception:
+    """The error a two-entity transaction against ``url`` raises, after the SDK's retries (one)."""
+    account = url + "/" + clients.DEV_ACCOUNT
+    table = table_client.from_connection_string(
+        clients.development_storage().split("TableEndpoint=")[0] + f"TableEndpoint={account};", "t",
+        transport=transport_, retry_total=1, retry_backoff_factor=0.01,
+    )
+    with pytest.raises(Exception) as raised:
+        table.submit_transaction([("create", {"PartitionKey": "p", "RowKey": "a"}),
+                                  ("upsert", {"PartitionKey": "p", "RowKey": "b", "N": 1})], **timeouts)
+    return raised.value
+
+
+def _cut_short_multipart(connection, data):
+    connection.sendall(b"HTTP/1.1 202 Accepted\r\nContent-Type: multipart/mixed; boundary=batchresponse_1\r\n"
+                       b"Content-Length: 500\r\n\r\n--batchresponse_1\r\n")
+    return False
+
+
+@pytest.mark.parametrize(("handle", "before", "after"), [
+    (_dropped, ServiceResponseError, ServiceResponseError),
+    (_silent, ServiceResponseError, ServiceResponseError),  # (the Tables SDK's read timeout)
+    # A body cut short: the streamed read raised the base HttpResponseError, the whole read
+    # raises its subclass IncompleteReadError (as for a plain request, above).
+    (_cut_short, HttpResponseError, IncompleteReadError),
+    # (an accepted answer cut short: the SDK's parts() let requests' own error through)
+    (_cut_short_multipart, requests.exceptions.ChunkedEncodingError, IncompleteReadError),
+    (_not_http, ServiceResponseError, ServiceResponseError),
+], ids=["dropped-after-the-request", "no-answer-in-time", "body-cut-short", "answer-cut-short", "not-http"])
+def test_a_failed_transaction_is_judged_as_the_sdk_s_streamed_read_after_as_many_tries(server, handle, before, after):
+    """The SDK's own client (its answer streamed through requests' adapter: the path before
+    the cut) against the app's (read whole, over http.client): the same error (a subclass of it
+    for a body cut short), after the same number of requests on the wire; the store decides
+    the same on both (ambiguous or not, a conflict or not: adapters/store.py)."""
+    timeouts = {"read_timeout": 0.5} if handle is _silent else {}
+    errors, tries = [], []
+    for table_client, path in ((TableClient, _requests_own()), (batch.LeanTableClient, _lean())):
+        s = server(handle)
+        errors.append(_transaction_error(table_client, s.url, path, **timeouts))
+        tries.append(len(s.requests))
+        assert all(r.startswith(b"POST /devstoreaccount1/$batch HTTP/1.1") for r in s.requests)
+    assert isinstance(errors[0], before) and isinstance(errors[1], after)
+    assert [store._ambiguous(e) for e in errors] == [store._ambiguous(errors[0])] * 2  # noqa: SLF001
+    assert [store._is_conflict(e) for e in errors] == [False, False]  # noqa: SLF001
+    # no status the store reads as gone, moved or a conflict (the streamed read's may be the 200 it cut)
+    assert not {getattr(e, "status_code", None) for e in errors} & {404, 409, 412}
+    assert tries[1] == tries[0] >= 1
 
 
 def test_the_storage_clients_read_and_write_azurite_through_it(storage_connection_string, unique_name):
