@@ -52,6 +52,7 @@ from typing import Any, NamedTuple, TypeVar
 from azure.core import MatchConditions
 from azure.core.exceptions import (
     HttpResponseError,
+    IncompleteReadError,
     ResourceModifiedError,
     ResourceNotFoundError,
     ServiceResponseError,
@@ -844,8 +845,10 @@ def _new_write_id() -> str:
 
 
 def _ambiguous(error: Exception) -> bool:
-    """A write that may or may not have been applied: sent with no answer back, or a 5xx."""
-    if isinstance(error, ServiceResponseError):
+    """A write that may or may not have been applied: sent with no answer back (or one cut
+    short: azure-core's IncompleteReadError carries the 2xx status line that did arrive), or
+    a 5xx."""
+    if isinstance(error, (ServiceResponseError, IncompleteReadError)):
         return True
     return (getattr(error, "status_code", None) or 0) >= 500
 

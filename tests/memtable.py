@@ -200,7 +200,7 @@ class MemoryTable:
     #: (operation kind, retried by the SDK) of the answers still to lose, in order.
     _lost_answers: list[tuple[str, bool]] = []
 
-    def lose_answers(self, kind: str, *, times: int = 1, retried: bool = True) -> None:
+    def lose_answers(self, kind: str, *, times: int = 1, retried: bool = True, error: Exception | None = None) -> None:
         """The next ``times`` operations of ``kind`` (``create``, ``update``, ``upsert``,
         ``delete``, ``transaction``) are applied and their answer lost, as when Azure
         answers 500 OperationTimedOut, or drops the connection, after applying a write.
@@ -209,15 +209,18 @@ class MemoryTable:
         a dropped GET, PUT or DELETE) and the caller gets the second answer: 412 for an
         If-Match write, 409 for a create, 404 for a delete, success for an upsert.
         Otherwise the caller gets the ``ServiceResponseError`` of a dropped connection,
-        which the SDK does not retry for a POST (create, transaction) or a PATCH (merge).
+        which the SDK does not retry for a POST (create, transaction) or a PATCH (merge), or
+        ``error`` (e.g. the ``IncompleteReadError`` of an answer cut short).
         """
-        self._lost_answers = [*self._lost_answers, *[(kind, retried)] * times]
+        self._lost_answers = [*self._lost_answers, *[(kind, retried, error)] * times]
 
     def _answer_lost(self, kind: str, again, result):
-        for i, (lost_kind, retried) in enumerate(self._lost_answers):
+        for i, (lost_kind, retried, error) in enumerate(self._lost_answers):
             if lost_kind == kind:
                 del self._lost_answers[i]
                 self.ops[f"{kind} answer lost"] += 1
+                if error is not None:
+                    raise error
                 if not retried:
                     raise ServiceResponseError("Connection aborted: the remote end closed the connection without a response")
                 self.ops[kind] += 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from azure.core.exceptions import ServiceResponseError
+from azure.core.exceptions import IncompleteReadError, ServiceResponseError
 
 from adapters.store import WRITE_ATTEMPTS, WRITE_ID, ConcurrencyConflict, OrderConflict, RejectionStore
 from core import workflow as workflows
@@ -46,6 +46,25 @@ def test_a_step_transaction_applied_but_reported_failed_is_recognised_and_the_ne
     assert w.sent() == [("action", "reserve"), ("action", "charge")], "the response's work was lost"
     assert w.lines() == {("reserve", Kind.ACTION): LineState.DONE}
     assert w.state().step == "charge" and w.store.recognised == {"write": 1}
+
+
+@pytest.mark.parametrize("kind", ["update", "transaction"])
+def test_a_write_applied_whose_answer_was_cut_short_is_recognised(kind):
+    # The answer's status line came back but its body did not (azure-core raises
+    # IncompleteReadError, status 2xx): the write may have been applied, as after a dropped
+    # connection, so the partition says whether it was.
+    w = World()
+    w.submit()
+    if kind == "update":
+        state = w.state()
+        w.table.lose_answers("update", error=IncompleteReadError("Connection broken: IncompleteRead"))
+        written = w.store.write(state, state.model_copy(update={"note": "an operator"}))
+        assert w.store.get("o-1").note == "an operator" and written.etag == w.state().etag
+    else:
+        w.table.lose_answers("transaction", error=IncompleteReadError("Connection broken: IncompleteRead"))
+        w.answer()
+        assert w.sent() == [("action", "reserve"), ("action", "charge")], "the response's work was lost"
+    assert w.store.recognised == {"write": 1}
 
 
 def test_someone_elses_write_is_still_a_conflict():
