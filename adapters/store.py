@@ -845,9 +845,9 @@ def _new_write_id() -> str:
 
 
 def _ambiguous(error: Exception) -> bool:
-    """A write that may or may not have been applied: sent with no answer back (or one cut
-    short: azure-core's IncompleteReadError carries the 2xx status line that did arrive), or
-    a 5xx."""
+    """A write that may or may not have been applied: sent with no answer back, or one cut
+    short (azure-core's IncompleteReadError: whatever its status, the body did not arrive),
+    or a 5xx."""
     if isinstance(error, (ServiceResponseError, IncompleteReadError)):
         return True
     return (getattr(error, "status_code", None) or 0) >= 500

@@ -297,7 +297,9 @@ def test_a_failed_transaction_is_judged_as_the_sdk_s_streamed_read_after_as_many
     """The SDK's own client (its answer streamed through requests' adapter: the path before
     the cut) against the app's (read whole, over http.client): the same error (a subclass of it
     for a body cut short), after the same number of requests on the wire; the store decides
-    the same on both (ambiguous or not, a conflict or not: adapters/store.py)."""
+    the same on both (a conflict or not: adapters/store.py), except that an answer cut short
+    is an ambiguous write on the app's path (it may have been applied: the partition says),
+    where the streamed read's base error was not."""
     timeouts = {"read_timeout": 0.5} if handle is _silent else {}
     errors, tries = [], []
     for table_client, path in ((TableClient, _requests_own()), (batch.LeanTableClient, _lean())):
@@ -306,7 +308,7 @@ def test_a_failed_transaction_is_judged_as_the_sdk_s_streamed_read_after_as_many
         tries.append(len(s.requests))
         assert all(r.startswith(b"POST /devstoreaccount1/$batch HTTP/1.1") for r in s.requests)
     assert isinstance(errors[0], before) and isinstance(errors[1], after)
-    assert [store._ambiguous(e) for e in errors] == [store._ambiguous(errors[0])] * 2  # noqa: SLF001
+    assert store._ambiguous(errors[1]) == (store._ambiguous(errors[0]) or after is IncompleteReadError)  # noqa: SLF001
     assert [store._is_conflict(e) for e in errors] == [False, False]  # noqa: SLF001
     # no status the store reads as gone, moved or a conflict (the streamed read's may be the 200 it cut)
     assert not {getattr(e, "status_code", None) for e in errors} & {404, 409, 412}
