@@ -26,6 +26,12 @@ azure-core maps each to the same error and its retry policy decides as before:
 - no answer in time: ``ReadTimeout``: ``ServiceResponseTimeoutError``;
 - a body cut short: ``ChunkedEncodingError`` naming ``IncompleteRead``, as urllib3's.
 
+Two cases differ, each towards the safer reading for a write (adapters/store.py then reads
+its write id back instead of taking it as never sent): a read timeout while the body streams
+in is a ``ReadTimeout`` here, where urllib3 raises a ``ConnectionError`` (azure-core's
+``ServiceRequestError``); a TLS error on a kept-alive connection mid-exchange is a
+``ConnectionError(ProtocolError)`` here, an ``SSLError`` there.
+
 Everything else goes to the wrapped ``HTTPAdapter`` unchanged: streamed responses (blob
 downloads), client certificates, a CA bundle of the caller's, proxies, bodies that are not
 bytes or text. A table transaction (``POST .../$batch``) is taken too: the Tables SDK asks
@@ -114,6 +120,9 @@ class HttpClientAdapter(BaseAdapter):
             raise requests.exceptions.ConnectionError(
                 ProtocolError("Connection aborted.", error), request=request
             ) from error
+        except BaseException:
+            connection.close()  # anything else (a header http.client refuses): never pooled half-used
+            raise
         if answer.will_close:
             connection.close()
         else:
@@ -188,13 +197,16 @@ class HttpClientAdapter(BaseAdapter):
         for name, value in answer.getheaders():
             headers[name] = f"{headers[name]}, {value}" if name in headers else value
         encoding = headers.get("Content-Encoding", "").strip().lower()
-        if data and encoding in ("gzip", "x-gzip"):
-            data = zlib.decompress(data, 16 + zlib.MAX_WBITS)
-        elif data and encoding == "deflate":
-            try:
-                data = zlib.decompress(data)
-            except zlib.error:
-                data = zlib.decompress(data, -zlib.MAX_WBITS)
+        try:
+            if data and encoding in ("gzip", "x-gzip"):
+                data = zlib.decompress(data, 16 + zlib.MAX_WBITS)
+            elif data and encoding == "deflate":
+                try:
+                    data = zlib.decompress(data)
+                except zlib.error:
+                    data = zlib.decompress(data, -zlib.MAX_WBITS)
+        except zlib.error as error:  # as requests raises it for urllib3's DecodeError
+            raise requests.exceptions.ContentDecodingError(error, request=request) from error
         response = requests.Response()
         response.status_code = answer.status
         response.reason = answer.reason
