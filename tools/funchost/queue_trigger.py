@@ -172,6 +172,9 @@ class QueueTriggerListener(Listener):
             self._ensure_queue_quietly(self.queue_name)
         except AzureError as error:
             log.warning("polling queue %s failed: %s", self.queue_name, _short(error))
+        except (ValueError, SyntaxError) as error:  # an answer the lean reader cannot read (ParseError is a SyntaxError)
+            # The SDK raised DecodeError for it, logged above: the poller goes on either way.
+            log.warning("polling queue %s failed: unreadable answer: %s", self.queue_name, _short(error))
         return []
 
     def _dispatch(self, message: StorageMessage) -> None:
