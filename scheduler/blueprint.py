@@ -37,7 +37,9 @@ def scheduler(s: Services) -> dispatch.Scheduler:
 #: sends it once the function returned, and a message that an output binding of an instance
 #: sends wakes that instance's own listener of the queue at once, where a send through the
 #: SDK waits for the listener's next poll: at light load up to host.json maxPollingInterval
-#: (README, "How it works"; tools/funchost/README.md cites the host's source).
+#: (README, "How it works"; tools/funchost/README.md cites the host's source). The wake-up
+#: reaches only the instance that sent it: on Flex Consumption, where each function scales on
+#: instances of its own, the nudge waits for the scheduler's next poll as before (docs/scale.md).
 NUDGE_OUTPUTS: tuple[str, ...] = tuple(f"nudge_{shard}" for shard, _ in enumerate(names.SCHEDULER_QUEUES))
 
 
