@@ -42,11 +42,11 @@ A, C = Kind.ACTION.value, Kind.COMPENSATION.value
 #: A held answer waits this long at most: the test releases it, or its agent leaves at Complete-By.
 HELD_SECONDS = 60
 #: One attempt's deadline: long enough to cancel while an answer is held, short for the resets.
-STEP_TIMEOUT = "6"
+STEP_TIMEOUT = "8"
 #: One call's timeout, over the step's: a held call lasts until its Complete-By.
-CALL_TIMEOUT = "10"
+CALL_TIMEOUT = "12"
 #: The wait between a reset and the retry: the cancels fired at the reset land before the retry.
-RETRY_BACKOFF = "3"
+RETRY_BACKOFF = "6"
 #: How long the test waits for any one thing the stack does.
 WAIT = 60
 REASON = "the customer changed their mind"
