@@ -410,6 +410,9 @@ class ProtocolModel(RuleBasedStateMachine):
         self.workflows: dict[str, Workflow] = {}
         #: order -> the bodies of the events its clients sent that approve.
         self.approvals: dict[str, list[dict]] = {}
+        #: Once the faults stop, the person answers each waiting line: approves, rejects, or never.
+        self.person = "never answers"
+        self.answered: set[tuple[str, int]] = set()
         #: order -> every state a nudge carried (stale snapshots for the schedulers).
         self.snapshots: dict[str, list[OrderState]] = {}
         #: (order, attempt) -> (step, kind, complete-by) of every agent request ever sent.
@@ -564,11 +567,14 @@ class ProtocolModel(RuleBasedStateMachine):
     @initialize(
         target=orders, outage=st.sampled_from((0, 0, 45, 200)), remote=st.sampled_from(remotes()),
         max_postponements=st.sampled_from((MAX_POSTPONEMENTS, 1)), definition=st.sampled_from(WORKFLOWS),
+        person=st.sampled_from(("approves", "rejects", "never answers")),
     )
-    def first_order(self, outage, remote, max_postponements, definition):
+    def first_order(self, outage, remote, max_postponements, definition, person):
         """The first order; whether, once the faults stop, ``remote`` stays down for
         everyone ``outage`` seconds more (its breakers open: its lines are postponed);
-        and the postponements in a row that count as one failure (MAX_POSTPONEMENTS)."""
+        and the postponements in a row that count as one failure (MAX_POSTPONEMENTS);
+        what the person who approves orders does once the faults stop (``person``)."""
+        self.person = person
         self.outage, self.outage_remote = timedelta(seconds=outage), remote
         self.schedulers = {
             name: replace(scheduler, max_postponements=max_postponements) for name, scheduler in self.schedulers.items()
@@ -830,16 +836,19 @@ class ProtocolModel(RuleBasedStateMachine):
         ]
 
     @rule(
-        to=st.sampled_from(("a waiting order", "a waiting order", "any order")), pick=st.integers(0, 3),
-        approved=st.sampled_from((True, True, False)), delay=st.sampled_from((0, 0, 15, 40)),
+        to=st.sampled_from(("a waiting order", "a waiting order", "a waiting order", "any order")),
+        pick=st.integers(0, 3), approved=st.sampled_from((True, True, False)), delay=st.sampled_from((0, 0, 0, 15, 40)),
     )
     def client_sends_event(self, to, pick, approved, delay):
-        """A person approves or rejects an order: mostly one that waits now, else any
-        (one that waits for nothing, or not yet, or no longer, must refuse it); the message
-        arrives after ``delay`` seconds (maybe past the waiting step's deadline, or after a
-        cancel). Service Bus keeps it until it is completed."""
-        candidates = (self.waiting_orders() if to == "a waiting order" else []) or self.order_ids
-        order_id = candidates[pick % len(candidates)]
+        """A person approves or rejects an order: mostly one that waits now (none: no
+        event), else any (one that waits for nothing, or not yet, or no longer, must refuse
+        it); the message arrives after ``delay`` seconds (maybe past the waiting step's
+        deadline, or after a cancel). Service Bus keeps it until it is completed."""
+        candidates = self.waiting_orders() if to == "a waiting order" else self.order_ids
+        if candidates:
+            self.send_event(candidates[pick % len(candidates)], approved, delay)
+
+    def send_event(self, order_id: str, approved: bool, delay: int) -> None:
         event = OrderEvent(order_id=order_id, name="approval", approved=approved, by=f"p-{len(self.net.messages)}")
         if approved:
             self.approvals.setdefault(order_id, []).append(event.body().result())
@@ -1060,7 +1069,7 @@ class ProtocolModel(RuleBasedStateMachine):
         """Deliver every visible message once, healthy: agents answer, nobody crashes."""
         while True:
             visible = [m for m in self.net.messages if m.visible_at <= self.now]
-            if not visible:
+            if not visible and not self.answer_waiting_lines():
                 return
             for message in visible:
                 self.net.take(message)
@@ -1085,6 +1094,19 @@ class ProtocolModel(RuleBasedStateMachine):
                             self.net.put(Message(Channel.RESPONSE, response, self.now))
                 else:
                     dispatch.record(message.body, scheduler=scheduler, now=self.now)
+
+    def answer_waiting_lines(self) -> bool:
+        """Once the faults stop, the person answers each line that waits, once, at once
+        (unless they never answer: the deadline ends it); True if an event was sent."""
+        if self.person == "never answers":
+            return False
+        sent = False
+        for state in self.written():
+            if state.order_id in self.waiting_orders() and (state.order_id, state.attempt) not in self.answered:
+                self.answered.add((state.order_id, state.attempt))
+                self.send_event(state.order_id, self.person == "approves", 0)
+                sent = True
+        return sent
 
     def check_outcomes(self):
         """Each final state against the remote services' own ledgers."""
