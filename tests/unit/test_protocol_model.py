@@ -1434,3 +1434,50 @@ def test_a_line_given_up_while_postponed_is_not_undone_on_a_nudge_delivered_earl
         m.remote_answers(pick=index_of(m, Channel.REQUEST, attempt=1), again=False, crash_after=0)  # reserve applies
         undo_first_then_everything(m, "reserve")  # the undo comes with the give-up's own nudge, and ends it
         assert m.state("o-1").process_state is ProcessState.COMPENSATED and ("o-1", "reserve") in m.undone
+
+
+def waiting_for_approval(m: ProtocolModel) -> str:
+    """An approval order whose reserve is Done: it waits for its approval (20 s)."""
+    m.new_order(APPROVAL_WORKFLOW)
+    m.submit(pick=0, crash_after=0)
+    m.schedule(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # reserve claimed
+    answer(m)  # reserve Done, approve claimed: waiting
+    assert m.waiting_orders() == ["o-1"]
+    return "o-1"
+
+
+def test_an_approval_delivered_twice_and_one_after_a_cancel_start_nothing_more():
+    """Approved (delivered twice: the second is a duplicate); a second order's approval
+    lands after its cancel was recorded: refused, no action claimed; both orders end
+    within their bounds (Processed; Compensated, the reservation released)."""
+    with scripted() as m:
+        waiting_for_approval(m)
+        m.client_sends_event(to="a waiting order", pick=0, approved=True, delay=0)
+        m.receive_event(pick=0, instance=SCHEDULERS[0], again=True, crash_after=0)
+        m.receive_event(pick=0, instance=SCHEDULERS[1], again=False, crash_after=0)
+        assert (m.counts["events accepted"], m.counts["events duplicate"]) == (1, 1)
+        assert (m.state("o-1").step, m.state("o-1").kind) == ("charge", Kind.ACTION)
+        m.new_order(APPROVAL_WORKFLOW)
+        m.submit(pick=0, crash_after=0)
+        m.schedule(pick=index_of(m, Channel.NUDGE, order_id="o-2"), instance=SCHEDULERS[0], again=False, crash_after=0)
+        m.remote_answers(pick=index_of(m, Channel.REQUEST, order_id="o-2"), again=False, crash_after=0)
+        m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # o-2 waits
+        m.client_sends_event(to="any order", pick=1, approved=True, delay=0)
+        m.cancel("o-2", crash_after=0)
+        m.receive_event(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
+        assert m.counts["events not_waiting"] == 1 and ("o-2", "charge") not in m.actions_claimed
+        m.settle()
+        assert m.state("o-1").process_state is ProcessState.PROCESSED
+        assert m.state("o-2").process_state is ProcessState.COMPENSATED
+
+
+def test_an_approval_delivered_past_the_deadline_changes_nothing_and_the_order_is_undone():
+    with scripted() as m:
+        waiting_for_approval(m)
+        m.client_sends_event(to="a waiting order", pick=0, approved=True, delay=40)
+        m.tick(by="31 s")
+        m.tick(by="10 s")  # the event is visible now, 21 s past the waiting line's deadline
+        m.receive_event(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
+        assert m.counts["events not_waiting"] == 1 and ("o-1", "charge") not in m.actions_claimed
+        m.settle()
+        assert m.state("o-1").process_state is ProcessState.COMPENSATED and ("o-1", "reserve") in m.undone
