@@ -1,10 +1,12 @@
 """The protocol, model-checked: a Hypothesis state machine explores interleavings of
 submissions, two competing schedulers, agents, two overlapping supervisors, crashes,
 lost, duplicated, delayed and stale messages, a breaker opening and closing, the clock,
-an operator's resubmits and cancels, over the REAL code: ``scheduler.submission.submit``,
-``scheduler.dispatch.schedule`` / ``record``, ``supervisor.supervision.sweep`` /
-``resubmit``, ``scheduler.cancellation.cancel``, ``agents.agent.run`` and ``adapters.store.StateStore`` over the in-memory
-ETag-enforcing table (tests/memtable.py). Only the edges are the model's: the network
+an operator's resubmits and cancels, approvals and rejections of orders on the approval
+workflow (``order-approval``: a waiting step), over the REAL code:
+``scheduler.submission.submit``, ``scheduler.dispatch.schedule`` / ``record``,
+``supervisor.supervision.sweep`` / ``resubmit``, ``scheduler.cancellation.cancel``,
+``scheduler.events.receive_message``, ``agents.agent.run`` and
+``adapters.store.StateStore`` over the in-memory ETag-enforcing table (tests/memtable.py). Only the edges are the model's: the network
 (a bag of messages any of which may be taken next), the clock, and the remote services
 (a ledger per service that applies an action or a compensation at most once per
 idempotency key).
@@ -63,9 +65,10 @@ from core.models import (
     ProcessState,
     idempotency_key,
 )
-from core.workflow import CURRENT, Kind, StepPolicy, remotes, shortest_timeout
+from core.models import OrderEvent
+from core.workflow import APPROVAL_WORKFLOW, CURRENT, Kind, StepPolicy, Workflow, remotes, shortest_timeout
 from devtools.orders import order_dict
-from scheduler import cancellation, dispatch, submission
+from scheduler import cancellation, dispatch, events, submission
 from supervisor import supervision
 from tests.memtable import MemoryTable
 
@@ -73,6 +76,9 @@ from tests.memtable import MemoryTable
 # Small limits, so that a few events reach every path: give-ups, postponements that count.
 
 WORKFLOW = CURRENT
+#: What an order runs on: the default workflow, or the approval one (its waiting step
+#: ends on an ``approval`` event, sent by the model's clients through scheduler.events).
+WORKFLOWS = (WORKFLOW, APPROVAL_WORKFLOW)
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 DEFAULTS = StepPolicy(
     timeout_seconds=30, max_failures=2, agent_max_calls=2, agent_backoff_initial=0.1, agent_backoff_max=1,
@@ -182,6 +188,7 @@ class Channel(str, Enum):
     NUDGE = "nudge"
     REQUEST = "request"
     RESPONSE = "response"
+    EVENT = "event"  # order-events: an external event (approval), any client's
 
 
 @dataclass
@@ -201,6 +208,8 @@ class Message:
             return f"nudge {b.order_id} ({snap})"
         if self.kind is Channel.REQUEST:
             return f"request {b.order_id} {b.kind.value} {b.step} attempt {b.attempt}"
+        if self.kind is Channel.EVENT:
+            return f"event {b.order_id} {b.name} {'approved' if b.approved else 'rejected'} by {b.by}"
         return f"response {b.order_id} {b.kind.value} {b.step} attempt {b.attempt} {b.outcome.value}"
 
 
@@ -330,7 +339,7 @@ class ModelRemote:
                     raise PermanentRemoteError("HTTP 422: refused")
                 model.check_action_may_apply(request)
                 self.ledger.applied[key] = {"confirmation": f"{request.action}-{request.order_id}-{request.attempt}"}
-                model.applied_log.append((model.now, request.order_id, step_index(request.step), Kind.ACTION))
+                model.applied_log.append((model.now, request.order_id, model.index_of(request), Kind.ACTION))
         else:
             model.check_compensation_may_run(request)
             if key not in self.ledger.applied:
@@ -341,15 +350,15 @@ class ModelRemote:
                 undid = action_key in self.ledger.applied
                 self.ledger.applied[key] = {"undone": undid}
                 model.undone.add((request.order_id, request.step))
-                model.applied_log.append((model.now, request.order_id, step_index(request.step), Kind.COMPENSATION))
+                model.applied_log.append((model.now, request.order_id, model.index_of(request), Kind.COMPENSATION))
         result = dict(self.ledger.applied[key])
         if self.behaviour is Behaviour.APPLY_LOSE_RESPONSE:
             raise TransientRemoteError("ReadTimeout: the answer was lost", unknown=True)
         return result
 
 
-def step_index(step: str) -> int:
-    return next(i for i, s in enumerate(WORKFLOW.steps) if s.name == step)
+def step_index(step: str, definition: Workflow = WORKFLOW) -> int:
+    return next(i for i, s in enumerate(definition.steps) if s.name == step)
 
 
 # --- the model ---------------------------------------------------------------------------
@@ -397,6 +406,13 @@ class ProtocolModel(RuleBasedStateMachine):
         #: remote -> when its breaker opened (absent: closed).
         self.breaker_open: dict[str, datetime] = {}
         self.order_ids: list[str] = []
+        #: order -> the workflow it runs on (chosen by its order message's "workflow").
+        self.workflows: dict[str, Workflow] = {}
+        #: order -> the bodies of the events its clients sent that approve.
+        self.approvals: dict[str, list[dict]] = {}
+        #: Once the faults stop, the person answers each waiting line: approves, rejects, or never.
+        self.person = "never answers"
+        self.answered: set[tuple[str, int]] = set()
         #: order -> every state a nudge carried (stale snapshots for the schedulers).
         self.snapshots: dict[str, list[OrderState]] = {}
         #: (order, attempt) -> (step, kind, complete-by) of every agent request ever sent.
@@ -462,8 +478,15 @@ class ProtocolModel(RuleBasedStateMachine):
 
     def state_written(self, order_id: str) -> None:
         row = self.memory.rows(order_id)["state"]
-        if row["ProcessState"] == ProcessState.PROCESSING.value and row["Kind"] == Kind.ACTION.value:
+        waiting = row.get("Step") in {s.name for s in self.workflows[order_id].steps if s.waiting}
+        if row["ProcessState"] == ProcessState.PROCESSING.value and row["Kind"] == Kind.ACTION.value and not waiting:
             self.actions_claimed.add((order_id, row["Step"]))
+
+    def workflow_of(self, order_id: str) -> Workflow:
+        return self.workflows[order_id]
+
+    def index_of(self, request: AgentRequest) -> int:
+        return step_index(request.step, self.workflow_of(request.order_id))
 
     def action_of(self, step: str) -> str:
         return next(s.action for s in WORKFLOW.steps if s.name == step)
@@ -472,15 +495,16 @@ class ProtocolModel(RuleBasedStateMachine):
         return self.memory.rows(order_id)
 
     def line_state(self, order_id: str, index: int, kind: Kind) -> str | None:
-        row = self.rows(order_id).get(line_key(index, WORKFLOW.steps[index].name, kind))
+        row = self.rows(order_id).get(line_key(index, self.workflow_of(order_id).steps[index].name, kind))
         return row["LineState"] if row else None
 
     def check_action_may_apply(self, request: AgentRequest) -> None:
-        """Steps in order, and never after the step's undo: checked when the action applies."""
-        index = step_index(request.step)
-        for earlier in range(index):
+        """Steps in order (a waiting step approved), and never after the step's undo:
+        checked when the action applies."""
+        steps = self.workflow_of(request.order_id).steps
+        for earlier in range(self.index_of(request)):
             assert self.line_state(request.order_id, earlier, Kind.ACTION) == LineState.DONE.value, (
-                f"{request.order_id}: action {request.step} applied before step {WORKFLOW.steps[earlier].name} was Done"
+                f"{request.order_id}: action {request.step} applied before step {steps[earlier].name} was Done"
             )
         assert (request.order_id, request.step) not in self.undone, (
             f"{request.order_id}: action {request.step} applied after its compensation ran (it stays applied)"
@@ -489,7 +513,8 @@ class ProtocolModel(RuleBasedStateMachine):
     def check_compensation_may_run(self, request: AgentRequest) -> None:
         """Only of an action that was sent and not refused; in reverse order; never while
         the action may still take effect."""
-        order_id, index = request.order_id, step_index(request.step)
+        order_id, index = request.order_id, self.index_of(request)
+        steps = self.workflow_of(order_id).steps
         # The scheduler cannot tell a claim that crashed before its send from a request
         # with no answer: both are unknown, and undone (the remote has nothing to undo).
         assert (order_id, request.step) in self.actions_claimed, (
@@ -500,8 +525,8 @@ class ProtocolModel(RuleBasedStateMachine):
         assert self.line_state(order_id, index, Kind.ACTION) != LineState.REFUSED.value, (
             f"{order_id}: compensation of {request.step}, whose action was refused (nothing applied)"
         )
-        for later in range(index + 1, len(WORKFLOW.steps)):
-            name = WORKFLOW.steps[later].name
+        for later in range(index + 1, len(steps)):
+            name = steps[later].name
             if (order_id, name) in self.actions_claimed and self.line_state(order_id, later, Kind.ACTION) != "Refused":
                 assert self.line_state(order_id, later, Kind.COMPENSATION) is not None, (
                     f"{order_id}: {request.step} undone before {name} (not in reverse order)"
@@ -529,7 +554,7 @@ class ProtocolModel(RuleBasedStateMachine):
         operator resubmitted the order since: then the undos that failed run again)."""
         if request.order_id in self.resubmitted:
             return
-        for earlier in WORKFLOW.steps[: step_index(request.step)]:
+        for earlier in self.workflow_of(request.order_id).steps[: self.index_of(request)]:
             assert (request.order_id, earlier.name) not in self.undone, (
                 f"{request.order_id}: {request.step} undone after {earlier.name} was (not in reverse order)"
             )
@@ -541,28 +566,34 @@ class ProtocolModel(RuleBasedStateMachine):
 
     @initialize(
         target=orders, outage=st.sampled_from((0, 0, 45, 200)), remote=st.sampled_from(remotes()),
-        max_postponements=st.sampled_from((MAX_POSTPONEMENTS, 1)),
+        max_postponements=st.sampled_from((MAX_POSTPONEMENTS, 1)), definition=st.sampled_from(WORKFLOWS),
+        person=st.sampled_from(("approves", "rejects", "never answers")),
     )
-    def first_order(self, outage, remote, max_postponements):
+    def first_order(self, outage, remote, max_postponements, definition, person):
         """The first order; whether, once the faults stop, ``remote`` stays down for
         everyone ``outage`` seconds more (its breakers open: its lines are postponed);
-        and the postponements in a row that count as one failure (MAX_POSTPONEMENTS)."""
+        and the postponements in a row that count as one failure (MAX_POSTPONEMENTS);
+        what the person who approves orders does once the faults stop (``person``)."""
+        self.person = person
         self.outage, self.outage_remote = timedelta(seconds=outage), remote
         self.schedulers = {
             name: replace(scheduler, max_postponements=max_postponements) for name, scheduler in self.schedulers.items()
         }
-        return self._new_order()
+        return self._new_order(definition)
 
     @precondition(lambda self: len(self.order_ids) < MAX_ORDERS)
-    @rule(target=orders)
-    def new_order(self):
-        return self._new_order()
+    @rule(target=orders, definition=st.sampled_from(WORKFLOWS))
+    def new_order(self, definition: Workflow = WORKFLOW):
+        return self._new_order(definition)
 
-    def _new_order(self) -> str:
+    def _new_order(self, definition: Workflow) -> str:
         order_id = f"o-{len(self.order_ids) + 1}"
         self.order_ids.append(order_id)
-        self.net.put(Message(Channel.ORDER, order_dict(order_id, lines=1), self.now))
-        self.say(f"{self.now:%H:%M:%S} a client sends order {order_id}")
+        self.workflows[order_id] = definition
+        # The default workflow is the one an order that names none runs on (WORKFLOW).
+        chosen = {} if definition is WORKFLOW else {"workflow": definition.name}
+        self.net.put(Message(Channel.ORDER, order_dict(order_id, lines=1, **chosen), self.now))
+        self.say(f"{self.now:%H:%M:%S} a client sends order {order_id} ({definition.name})")
         return order_id
 
     @precondition(lambda self: self.net.visible(Channel.ORDER))
@@ -796,6 +827,82 @@ class ProtocolModel(RuleBasedStateMachine):
         self.counts[f"cancels {verdict or 'crashed'}"] += 1
         self.say(f"{self.now:%H:%M:%S} cancel {order_id}: {verdict or 'crashed'}")
 
+    def waiting_orders(self) -> list[str]:
+        """Orders whose row now waits for an event (Processing at a waiting step)."""
+        return [
+            state.order_id for state in self.written()
+            if state.process_state is ProcessState.PROCESSING and state.kind is Kind.ACTION
+            and self.workflow_of(state.order_id).steps[state.step_index].waiting
+        ]
+
+    @rule(
+        to=st.sampled_from(("a waiting order", "a waiting order", "a waiting order", "any order")),
+        pick=st.integers(0, 3), approved=st.sampled_from((True, True, False)), delay=st.sampled_from((0, 0, 0, 15, 40)),
+    )
+    def client_sends_event(self, to, pick, approved, delay):
+        """A person approves or rejects an order: mostly one that waits now (none: no
+        event), else any (one that waits for nothing, or not yet, or no longer, must refuse
+        it); the message arrives after ``delay`` seconds (maybe past the waiting step's
+        deadline, or after a cancel). Service Bus keeps it until it is completed."""
+        candidates = self.waiting_orders() if to == "a waiting order" else self.order_ids
+        if candidates:
+            self.send_event(candidates[pick % len(candidates)], approved, delay)
+
+    def send_event(self, order_id: str, approved: bool, delay: int) -> None:
+        event = OrderEvent(order_id=order_id, name="approval", approved=approved, by=f"p-{len(self.net.messages)}")
+        if approved:
+            self.approvals.setdefault(order_id, []).append(event.body().result())
+        self.net.put(Message(Channel.EVENT, event, self.now + timedelta(seconds=delay)))
+        self.say(f"{self.now:%H:%M:%S} a client sends {self.net.messages[-1]!r} (visible in {delay} s)")
+
+    @precondition(lambda self: self.net.visible(Channel.EVENT))
+    @rule(pick=st.integers(0, 7), instance=st.sampled_from(SCHEDULERS), again=AGAIN, crash_after=CRASH_AFTER)
+    def receive_event(self, pick, instance, again, crash_after):
+        """receive_order_event takes an order-events message (scheduler.events, the app's
+        path): accepted only by a line waiting for it before its deadline; otherwise
+        nothing of the order changes and nothing is sent."""
+        message = self.net.pick(Channel.EVENT, pick)
+        crashed, delivered = self._receive_event(message, instance, crash_after)
+        if not (again or crashed):
+            self.net.take(message)
+        what = "crashed" if crashed else delivered.outcome.value
+        self.say(f"{self.now:%H:%M:%S} {instance} takes {message!r}: {what}")
+
+    def _receive_event(self, message: Message, instance: str, crash_after: int):
+        event: OrderEvent = message.body
+        before = self.rows(event.order_id)
+        waiting = None
+        if "state" in before:
+            state = self.state(event.order_id)
+            step = self.workflow_of(event.order_id).steps[state.step_index]
+            waiting = (
+                state.process_state is ProcessState.PROCESSING and state.kind is Kind.ACTION and step.waiting
+                and not state.gave_up and self.now < state.complete_by
+            )
+        sent = len(self.net.messages)
+
+        def handle():
+            try:
+                return events.receive_message(
+                    event.model_dump_json(exclude_none=True).encode(), message_id=event.message_id(),
+                    content_type="application/json", scheduler=self.schedulers[instance], rejections=self.rejections,
+                    now=self.now,
+                )
+            except events.Busy:
+                raise Crash from None  # raised: Service Bus delivers the message again
+
+        crashed, delivered = self.run("receive_event", handle, crash_after)
+        if crashed:
+            return crashed, delivered
+        self.counts[f"events {delivered.outcome.value}"] += 1
+        if delivered.outcome is events.Outcome.ACCEPTED:
+            assert waiting, f"{event.order_id}: {message!r} accepted by a line that was not waiting for it"
+        else:
+            assert self.rows(event.order_id) == before and len(self.net.messages) == sent, (
+                f"{event.order_id}: {message!r} {delivered.outcome.value}, yet it changed the order or sent something"
+            )
+        return crashed, delivered
+
     # -- invariants ---------------------------------------------------------------------
 
     def written(self) -> list[OrderState]:
@@ -831,7 +938,9 @@ class ProtocolModel(RuleBasedStateMachine):
     def every_state_row_is_legal(self, partitions) -> None:
         indexed = {order_id for order_id, *_ in self.store.active_ids()}
         for state, rows in partitions:
-            problems = illegal(state, rows, self.schedulers[SCHEDULERS[0]].max_postponements)
+            problems = illegal(
+                state, rows, self.schedulers[SCHEDULERS[0]].max_postponements, self.workflow_of(state.order_id)
+            )
             assert not problems, f"{state.order_id}: illegal state row: {problems}\n{state!r}"
             if not state.process_state.terminal:
                 assert state.order_id in indexed, f"{state.order_id} is in flight but not in the active index"
@@ -884,14 +993,14 @@ class ProtocolModel(RuleBasedStateMachine):
             self.breaker_open[self.outage_remote] = start
         outage = {"outage": self.outage, "outage_remote": self.outage_remote}
         bounds = {
-            o: liveness.order_bound(WORKFLOW, DEFAULTS, TIMING, **outage)
+            o: liveness.order_bound(self.workflow_of(o), DEFAULTS, TIMING, **outage)
             for o in self.order_ids if "state" not in self.rows(o)  # not written yet: from its first line
         }
         for state in self.written():
             if state.process_state.terminal:
                 continue
             bound = liveness.order_bound(
-                WORKFLOW, DEFAULTS, TIMING, step_index=state.step_index, kind=state.kind, **outage
+                self.workflow_of(state.order_id), DEFAULTS, TIMING, step_index=state.step_index, kind=state.kind, **outage
             )
             pending = state.process_state is ProcessState.PENDING
             postponed = pending and self.postponed.get(state.order_id) == state.attempt
@@ -940,6 +1049,7 @@ class ProtocolModel(RuleBasedStateMachine):
         STATS.update(self.counts)
         for state in self.written():
             STATS[state.process_state.value] += 1
+            STATS[f"{self.workflow_of(state.order_id).name} {state.process_state.value}"] += 1
 
     def next_due(self, outage_end: datetime) -> datetime:
         """The earliest time something can happen: a nudge becomes visible, a deadline
@@ -959,7 +1069,7 @@ class ProtocolModel(RuleBasedStateMachine):
         """Deliver every visible message once, healthy: agents answer, nobody crashes."""
         while True:
             visible = [m for m in self.net.messages if m.visible_at <= self.now]
-            if not visible:
+            if not visible and not self.answer_waiting_lines():
                 return
             for message in visible:
                 self.net.take(message)
@@ -969,6 +1079,10 @@ class ProtocolModel(RuleBasedStateMachine):
                     self._submit(message, 0)
                 elif message.kind is Channel.NUDGE:
                     dispatch.schedule(message.body, scheduler=scheduler, now=self.now)
+                elif message.kind is Channel.EVENT:
+                    self.net.put(message)  # taken once it is done (a crash-free run takes it)
+                    self._receive_event(message, SCHEDULERS[0], 0)
+                    self.net.take(message)
                 elif message.kind is Channel.REQUEST:
                     request = message.body
                     if self.now < request.complete_by:
@@ -981,19 +1095,40 @@ class ProtocolModel(RuleBasedStateMachine):
                 else:
                     dispatch.record(message.body, scheduler=scheduler, now=self.now)
 
+    def answer_waiting_lines(self) -> bool:
+        """Once the faults stop, the person answers each line that waits, once, at once
+        (unless they never answer: the deadline ends it); True if an event was sent."""
+        if self.person == "never answers":
+            return False
+        sent = False
+        for state in self.written():
+            if state.order_id in self.waiting_orders() and (state.order_id, state.attempt) not in self.answered:
+                self.answered.add((state.order_id, state.attempt))
+                self.send_event(state.order_id, self.person == "approves", 0)
+                sent = True
+        return sent
+
     def check_outcomes(self):
         """Each final state against the remote services' own ledgers."""
         for state in self.written():
+            steps = self.workflow_of(state.order_id).steps
+            remote = [i for i, step in enumerate(steps) if not step.waiting]
             left = []  # steps whose action is applied and not undone
-            for index, step in enumerate(WORKFLOW.steps):
+            for index in remote:
+                step = steps[index]
                 key = idempotency_key(state.order_id, step.name, step.action)
                 if key in self.ledgers[step.remote].applied and (state.order_id, step.name) not in self.undone:
                     left.append(index)
             if state.process_state is ProcessState.PROCESSED:
-                assert left == list(range(len(WORKFLOW.steps))), f"{state.order_id} Processed, applied: {left}"
+                assert left == remote, f"{state.order_id} Processed, applied: {left}"
                 assert not any(o == state.order_id for o, _ in self.undone), f"{state.order_id} Processed, but undone"
-                for index, step in enumerate(WORKFLOW.steps):
+                for index, step in enumerate(steps):
                     row = self.rows(state.order_id)[line_key(index, step.name, Kind.ACTION)]
+                    if step.waiting:  # its result is the body of an approval a client sent
+                        assert json.loads(row["Result"]) in self.approvals.get(state.order_id, []), (
+                            f"{state.order_id}: {step.name}'s result is no approval a client sent"
+                        )
+                        continue
                     key = idempotency_key(state.order_id, step.name, step.action)
                     assert json.loads(row["Result"]) == self.ledgers[step.remote].applied[key], (
                         f"{state.order_id}: the recorded result of {step.name} is not what the remote applied"
@@ -1005,14 +1140,14 @@ class ProtocolModel(RuleBasedStateMachine):
                 if state.kind is Kind.ACTION:  # stopped at a step that cannot be undone: nothing was undone
                     allowed = set(range(state.step_index + 1))
                 else:  # what could not be undone, and steps with no undo
-                    allowed = set(state.failed) | {i for i, s in enumerate(WORKFLOW.steps) if s.compensate is None}
+                    allowed = set(state.failed) | {i for i, s in enumerate(steps) if s.compensate is None}
                 assert set(left) <= allowed, f"{state.order_id} in Error leaves {left} applied, may leave {allowed}"
 
 
-def illegal(state: OrderState, rows: dict[str, dict], max_postponements: int) -> list[str]:
+def illegal(state: OrderState, rows: dict[str, dict], max_postponements: int, definition: Workflow) -> list[str]:
     """What makes a state row impossible for the lifecycle (empty: a legal state)."""
     problems = []
-    steps = WORKFLOW.steps
+    steps = definition.steps
     if not 0 <= state.step_index < len(steps) or state.step != steps[state.step_index].name:
         problems.append("step and step index disagree")
         return problems
@@ -1076,7 +1211,11 @@ def test_the_protocol_keeps_its_invariants_and_ends_every_order_within_the_bound
         f"protocol model: {STATS['runs']} runs; {STATS['requests']} agent requests, {STATS['crashes']} crashes, "
         f"{STATS['stale responses']} stale responses, {STATS['resubmits']} resubmits, {STATS['lookups']} lookups, "
         f"{STATS['cancels recorded']} cancels recorded ({STATS['cancels refused']} refused); "
-        f"ended Processed {STATS['Processed']}, Compensated {STATS['Compensated']}, Error {STATS['Error']}; "
+        f"ended Processed {STATS['Processed']}, Compensated {STATS['Compensated']}, Error {STATS['Error']} "
+        f"(on {APPROVAL_WORKFLOW.name}: {STATS[f'{APPROVAL_WORKFLOW.name} Processed']}, "
+        f"{STATS[f'{APPROVAL_WORKFLOW.name} Compensated']}, {STATS[f'{APPROVAL_WORKFLOW.name} Error']}); "
+        f"events accepted {STATS['events accepted']}, duplicate {STATS['events duplicate']}, "
+        f"not waiting {STATS['events not_waiting']}; "
         f"slowest order after the faults stopped: {WORST['ratio']:.0%} of its bound"
     )
     assert STATS["runs"] > 0
@@ -1294,4 +1433,51 @@ def test_a_line_given_up_while_postponed_is_not_undone_on_a_nudge_delivered_earl
         assert m.state("o-1") == given_up  # not due: nothing claimed, no undo
         m.remote_answers(pick=index_of(m, Channel.REQUEST, attempt=1), again=False, crash_after=0)  # reserve applies
         undo_first_then_everything(m, "reserve")  # the undo comes with the give-up's own nudge, and ends it
+        assert m.state("o-1").process_state is ProcessState.COMPENSATED and ("o-1", "reserve") in m.undone
+
+
+def waiting_for_approval(m: ProtocolModel) -> str:
+    """An approval order whose reserve is Done: it waits for its approval (20 s)."""
+    m.new_order(APPROVAL_WORKFLOW)
+    m.submit(pick=0, crash_after=0)
+    m.schedule(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # reserve claimed
+    answer(m)  # reserve Done, approve claimed: waiting
+    assert m.waiting_orders() == ["o-1"]
+    return "o-1"
+
+
+def test_an_approval_delivered_twice_and_one_after_a_cancel_start_nothing_more():
+    """Approved (delivered twice: the second is a duplicate); a second order's approval
+    lands after its cancel was recorded: refused, no action claimed; both orders end
+    within their bounds (Processed; Compensated, the reservation released)."""
+    with scripted() as m:
+        waiting_for_approval(m)
+        m.client_sends_event(to="a waiting order", pick=0, approved=True, delay=0)
+        m.receive_event(pick=0, instance=SCHEDULERS[0], again=True, crash_after=0)
+        m.receive_event(pick=0, instance=SCHEDULERS[1], again=False, crash_after=0)
+        assert (m.counts["events accepted"], m.counts["events duplicate"]) == (1, 1)
+        assert (m.state("o-1").step, m.state("o-1").kind) == ("charge", Kind.ACTION)
+        m.new_order(APPROVAL_WORKFLOW)
+        m.submit(pick=0, crash_after=0)
+        m.schedule(pick=index_of(m, Channel.NUDGE, order_id="o-2"), instance=SCHEDULERS[0], again=False, crash_after=0)
+        m.remote_answers(pick=index_of(m, Channel.REQUEST, order_id="o-2"), again=False, crash_after=0)
+        m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # o-2 waits
+        m.client_sends_event(to="any order", pick=1, approved=True, delay=0)
+        m.cancel("o-2", crash_after=0)
+        m.receive_event(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
+        assert m.counts["events not_waiting"] == 1 and ("o-2", "charge") not in m.actions_claimed
+        m.settle()
+        assert m.state("o-1").process_state is ProcessState.PROCESSED
+        assert m.state("o-2").process_state is ProcessState.COMPENSATED
+
+
+def test_an_approval_delivered_past_the_deadline_changes_nothing_and_the_order_is_undone():
+    with scripted() as m:
+        waiting_for_approval(m)
+        m.client_sends_event(to="a waiting order", pick=0, approved=True, delay=40)
+        m.tick(by="31 s")
+        m.tick(by="10 s")  # the event is visible now, 21 s past the waiting line's deadline
+        m.receive_event(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
+        assert m.counts["events not_waiting"] == 1 and ("o-1", "charge") not in m.actions_claimed
+        m.settle()
         assert m.state("o-1").process_state is ProcessState.COMPENSATED and ("o-1", "reserve") in m.undone
