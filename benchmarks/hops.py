@@ -14,11 +14,11 @@ covers it).
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
 
+from adapters import telemetry
 from core import names
 from devtools.stats import percentile
 
@@ -41,10 +41,7 @@ def _seconds(stamp: str) -> float:
 def read_spans(path: Path, *, skip_prefix: str = "warm") -> dict[str, dict[str, list[tuple[float, float]]]]:
     """order id -> span name -> [(start, end)] in start order, orders whose id starts with ``skip_prefix`` left out."""
     found: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        span = json.loads(line)
+    for span in telemetry.read_json_lines([path]):
         order_id = span.get("attributes", {}).get(names.ATTR_ORDER_ID)
         if not order_id or (skip_prefix and order_id.startswith(skip_prefix)):
             continue
