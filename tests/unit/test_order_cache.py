@@ -6,6 +6,7 @@ records against Azurite in tests/integration/test_store.py."""
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import timedelta
 
@@ -258,3 +259,24 @@ def test_an_order_that_ended_is_dropped_and_a_drop_spares_a_newer_entry():
     assert cache.get("b", T0) is not None
     cache.drop("b", etag="e-b")
     assert cache.get("b", T0) is None
+
+
+def test_threads_putting_getting_and_dropping_at_once_keep_the_bounds():
+    cache = OrderCache(AGE, most=16, most_characters=16 * 40)
+    ids = [f"o-{i}" for i in range(100)]
+
+    def work(seed: int) -> None:
+        for n in range(2_000):
+            order_id = ids[(seed * 31 + n * 7) % len(ids)]
+            if n % 3 == 0:
+                cache.put(entry(order_id, "x" * (n % 50)), T0)
+            elif n % 3 == 1:
+                cache.get(order_id, T0)
+            else:
+                cache.drop(order_id, etag=f"e-{order_id}" if n % 2 else None)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(work, range(8)))
+    kept_documents = [cache.get(order_id, T0) for order_id in ids]
+    assert len(cache) <= 16
+    assert sum(len(r.document) for r in kept_documents if r is not None) == cache._characters <= 16 * 40
