@@ -193,10 +193,14 @@ def state_to_entity(state: OrderState) -> dict[str, Any]:
 
 
 def state_from_entity(entity: dict[str, Any]) -> OrderState:
+    return _state(entity, entity.metadata.get("etag"))
+
+
+def _state(entity: dict[str, Any], etag: str | None) -> OrderState:
     values = {name: _from_property(prop, entity.get(prop)) for name, prop in _STATE_FIELDS.items()}
     # Properties an older row does not have yet take the model's defaults.
     present = {name: value for name, value in values.items() if value is not None or name in _NULLABLE}
-    return OrderState(**present, etag=entity.metadata.get("etag"))
+    return OrderState(**present, etag=etag)
 
 
 _NULLABLE = {
@@ -265,18 +269,40 @@ class OrderRecord:
             if line.kind is Kind.ACTION and line.state is LineState.DONE
         }
 
+    def after(self, state: OrderState, lines: Iterable[LineRecord] = (), write_id: str | None = None) -> OrderRecord:
+        """This order as :meth:`StateStore.read` returns it right after a write over it of
+        ``state`` (with the ETag the write got), the rows of ``lines`` and the state row's
+        ``write_id``: both as the table gives them back (an empty text reads as None), each
+        line in place of the row of the same line, the other lines kept, in the order of
+        :func:`record_from_rows`. The document never changes once written."""
+        by_key = {_line_key(line): line for line in self.lines}
+        by_key.update({_line_key(line): line_from_entity(line_to_entity(line)) for line in lines})
+        return OrderRecord(self.document, stored(state), _in_order(by_key.values()), write_id)
+
+
+def stored(state: OrderState) -> OrderState:
+    """``state`` as the table gives it back once written, with the same ETag."""
+    return _state(state_to_entity(state), state.etag)
+
+
+def _line_key(line: LineRecord) -> str:
+    return line_key(line.step_index, line.step, line.kind)
+
+
+def _in_order(lines: Iterable[LineRecord]) -> tuple[LineRecord, ...]:
+    """Lines in the order they ended, those that ended at once (one transition) by RowKey, as a
+    partition query returns its rows."""
+    return tuple(sorted(lines, key=lambda line: (line.updated_at, _line_key(line))))
+
 
 def record_from_rows(order_id: str, rows: dict[str, Any]) -> OrderRecord:
     """The order from its partition's rows (by RowKey); :class:`OrderNotFound` without its
     order and state rows."""
     if STATE_ROW not in rows or ORDER_ROW not in rows:
         raise OrderNotFound(f"no order {order_id!r}")
-    lines = sorted(
-        (line_from_entity(row) for key, row in rows.items() if key.startswith(_LINE_PREFIXES)),
-        key=lambda line: line.updated_at,
-    )
+    lines = _in_order(line_from_entity(row) for key, row in rows.items() if key.startswith(_LINE_PREFIXES))
     return OrderRecord(
-        rows[ORDER_ROW]["Document"], state_from_entity(rows[STATE_ROW]), tuple(lines), rows[STATE_ROW].get(WRITE_ID)
+        rows[ORDER_ROW]["Document"], state_from_entity(rows[STATE_ROW]), lines, rows[STATE_ROW].get(WRITE_ID)
     )
 
 
@@ -288,6 +314,8 @@ class Created:
     state: OrderState
     #: False when the same order had been submitted before (a duplicate: nothing written).
     created: bool
+    #: The order as its partition holds it right after this creation (None for a duplicate).
+    record: OrderRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -379,8 +407,8 @@ class StateStore:
                 return self._existing(order.order_id, document, write_id)
             except OrderNotFound:
                 raise error from None
-        etag = results[1].get("etag")
-        return Created(state.model_copy(update={"etag": etag}), created=True)
+        created = state.model_copy(update={"etag": results[1].get("etag")})
+        return Created(created, created=True, record=OrderRecord(document, stored(created), (), write_id))
 
     def _existing(self, order_id: str, document: str, write_id: str) -> Created:
         """The order already there: this very submission's write, whose success was lost on
@@ -389,7 +417,7 @@ class StateStore:
         record = self.read(order_id)
         if record.write_id == write_id:
             self._recognised("create", order_id, "409 entity exists, or no answer")
-            return Created(record.state, created=True)
+            return Created(record.state, created=True, record=record)
         if record.document != document:
             raise OrderConflict(order_id, record.document, document)
         if record.state.process_state.terminal and self._closed(record.state):
@@ -453,6 +481,22 @@ class StateStore:
         row and returned as written; one with no answer that the row shows was not applied
         is sent again, up to :data:`WRITE_ATTEMPTS` tries in all.
         """
+        return self._write(current, new, lines, consume)[0]
+
+    def write_over(
+        self, record: OrderRecord, new: OrderState, lines: Sequence[LineRecord] = (), *, consume: str | None = None
+    ) -> OrderRecord:
+        """:meth:`write` of ``new`` and ``lines`` over ``record`` (the order as read, or as
+        this process last wrote it), returning the order as :meth:`read` would return it
+        right after the write (:meth:`OrderRecord.after`): the If-Match on ``record``'s ETag
+        passed, so the partition held ``record`` and now holds this."""
+        state, write_id = self._write(record.state, new, lines, consume)
+        return record.after(state, lines, write_id)
+
+    def _write(
+        self, current: OrderState, new: OrderState, lines: Sequence[LineRecord], consume: str | None
+    ) -> tuple[OrderState, str]:
+        """:meth:`write`, and the write id the state row now holds."""
         if current.etag is None:
             raise ValueError("a transition needs the ETag the state was read with")
         for attempt in range(1, WRITE_ATTEMPTS + 1):
@@ -467,9 +511,10 @@ class StateStore:
 
     def _write_once(
         self, current: OrderState, new: OrderState, lines: Sequence[LineRecord], consume: str | None
-    ) -> OrderState:
-        """One try of :meth:`write`, with a write id of its own; raises :class:`_NotApplied`
-        when it got no answer (or a 5xx) and the row shows it was not applied."""
+    ) -> tuple[OrderState, str]:
+        """One try of :meth:`write`, with a write id of its own (returned with the state);
+        raises :class:`_NotApplied` when it got no answer (or a 5xx) and the row shows it was
+        not applied."""
         before, after = state_to_entity(current), state_to_entity(new)
         changes = {key: value for key, value in after.items() if before.get(key) != value}
         write_id = _new_write_id()
@@ -505,7 +550,7 @@ class StateStore:
                 etag, holder = self._row_version(new.order_id)
                 if holder == write_id:
                     self._recognised("write", new.order_id, type(error).__name__)
-                    return new.model_copy(update={"etag": etag})
+                    return new.model_copy(update={"etag": etag}), write_id
                 # Not ours: if the row moved on, this If-Match write can never apply.
                 moved = moved or (etag is not None and etag != current.etag)
                 if not moved and etag is not None:
@@ -515,7 +560,7 @@ class StateStore:
             if moved:
                 raise ConcurrencyConflict(f"order {new.order_id!r} changed since it was read") from error
             raise
-        return new.model_copy(update={"etag": metadata["etag"]})
+        return new.model_copy(update={"etag": metadata["etag"]}), write_id
 
     def _row_version(self, order_id: str) -> tuple[str | None, str | None]:
         """The state row's ETag and :data:`WRITE_ID` (which write last wrote it); Nones if it is gone."""

@@ -22,6 +22,7 @@ from adapters import clients, telemetry, transport
 from adapters.archive import Archive
 from adapters.accounts import ShardedStateStore, check_layout, state_store
 from adapters.messaging import Nudger, Publisher
+from adapters.order_cache import OrderCache
 from adapters.settings import Settings, get_settings
 from adapters.store import RejectionStore, StateStore
 from core import names
@@ -38,6 +39,9 @@ class Services:
     publisher: Publisher
     nudger: Nudger
     instance: str
+    #: The orders as this process last wrote them (the scheduler decides on them first);
+    #: None: every decision reads the order.
+    cache: OrderCache | None = None
     _archive: Archive | None = None
 
     def archive(self) -> Archive:
@@ -64,6 +68,7 @@ class Services:
             publisher=Publisher(clients.servicebus_client(settings)),
             nudger=Nudger(nudges),
             instance=instance_id(),
+            cache=OrderCache(max_age=settings.pending_timeout),
         )
 
 

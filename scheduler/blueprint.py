@@ -29,6 +29,7 @@ def scheduler(s: Services) -> dispatch.Scheduler:
         nudger=s.nudger,
         pending_timeout=s.settings.pending_timeout,
         max_postponements=s.settings.max_postponements,
+        cache=s.cache,
     )
 
 
@@ -87,6 +88,7 @@ def submit_order(msg: func.ServiceBusMessage, **nudges: func.Out[str]) -> None:
             now=utcnow(),
             pending_timeout=s.settings.pending_timeout,
             trace_parent=telemetry.traceparent(),
+            cache=s.cache,
         )
         if result.nudge is not None:
             # To the order's own scheduler queue, sent by the host after the rows (written

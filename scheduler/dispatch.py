@@ -12,9 +12,10 @@ lines so far), never on what a message claims. A nudge's snapshot and a response
 fence (the row as claimed, with its ETag) are claims: anyone who can send to the queue
 can write them, and a matching ETag proves only that the row is unchanged since that
 ETag, not that the message's other fields are the row's. A message whose claim names
-the row's current ETag with other contents is a forgery: dropped and counted. The one
-decision made without a read is an order's first claim, proven by its transaction
-(:func:`_first_claim`).
+the row's current ETag with other contents is a forgery: dropped and counted. An order's
+first claim is made without a read, proven by its transaction (:func:`_first_claim`);
+and where this process wrote the order last, the decision is first taken on what it
+wrote (adapters/order_cache.py), trusted only if its If-Match write succeeds.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 from adapters import telemetry
 from adapters.closing import close_order
 from adapters.messaging import Nudger, Publisher
+from adapters.order_cache import OrderCache
 from adapters.store import ConcurrencyConflict, OrderNotFound, OrderRecord, StateStore
 from core import lifecycle, names
 from core.lifecycle import Transition
@@ -71,6 +73,10 @@ class Scheduler:
     pending_timeout: timedelta
     #: Postponements in a row of one line (its remote down) that count as one failure.
     max_postponements: int
+    #: The orders as this process last wrote them (adapters/wiring.Services holds the
+    #: process's one); None: every decision reads the order first. A Scheduler is built per
+    #: invocation (scheduler/blueprint.py), so a cache of its own would never hit.
+    cache: OrderCache | None = None
 
 
 def schedule(nudge: Nudge, *, scheduler: Scheduler, now: datetime) -> AgentRequest | None:
@@ -81,7 +87,7 @@ def schedule(nudge: Nudge, *, scheduler: Scheduler, now: datetime) -> AgentReque
     if first is not None:
         return first
     written = _apply(
-        scheduler.store, nudge, now,
+        scheduler, nudge, now,
         lambda s, wf, ended: lifecycle.claim(
             s, wf, scheduler.instance, now, scheduler.defaults, ended, pending_timeout=scheduler.pending_timeout
         ),
@@ -110,7 +116,7 @@ def record(response: AgentResponse, *, scheduler: Scheduler, now: datetime) -> O
             return lifecycle.postpone(state, response, now, scheduler.pending_timeout, scheduler.max_postponements)
         return lifecycle.complete(state, response, definition, scheduler.instance, now, scheduler.defaults)
 
-    written = _apply(scheduler.store, response, now, decide)
+    written = _apply(scheduler, response, now, decide)
     if written is None:
         log.info("response for order %s attempt %s ignored: unknown order, or stale", response.order_id, response.attempt)
         telemetry.annotate(outcome="stale")
@@ -144,10 +150,19 @@ def _first_claim(nudge: Nudge, scheduler: Scheduler, now: datetime) -> AgentRequ
     key matches only the workflow, ReplyTo and document the order was submitted with.
     Any lie, or a lost race, fails the whole transaction: None, and :func:`schedule`
     decides on the row as read instead.
+
+    Where this process submitted the order, the claim is decided on the rows it wrote
+    instead, and only then is the claimed order kept in the cache: the transaction proves
+    the snapshot's deciding fields, not the rest (a cancel recorded, the trace, the note),
+    which the claim's MERGE leaves as the row has them.
     """
-    state, document = nudge.state, nudge.document
-    if state is None or document is None or not concrete_etag(state.etag) or not pristine(state):
-        return None
+    known = scheduler.cache.get(nudge.order_id, now) if scheduler.cache is not None else None
+    if known is not None and pristine(known.state):
+        state, document = known.state, known.document
+    else:
+        known, state, document = None, nudge.state, nudge.document
+        if state is None or document is None or not concrete_etag(state.etag) or not pristine(state):
+            return None
     definition = workflow(state.workflow, state.workflow_version)
     transition = lifecycle.claim(
         state, definition, scheduler.instance, now, scheduler.defaults, pending_timeout=scheduler.pending_timeout
@@ -156,7 +171,10 @@ def _first_claim(nudge: Nudge, scheduler: Scheduler, now: datetime) -> AgentRequ
         return None
     seal = first_claim_key(state.workflow, state.workflow_version, state.reply_to, document)
     try:
-        claimed = scheduler.store.write(state, transition.state, transition.lines, consume=seal)
+        if known is None:
+            claimed = scheduler.store.write(state, transition.state, transition.lines, consume=seal)
+        else:
+            claimed = write_transition(scheduler, known, transition, now, consume=seal).state
     except (ConcurrencyConflict, OrderNotFound):
         return None
     return _carry_out(scheduler, claimed, transition, json.loads(document), {}, now)
@@ -188,9 +206,11 @@ def trace_parent_of(message: Nudge | AgentResponse) -> telemetry.TraceContext | 
     return telemetry.parent_from_traceparent(message.context.fence.trace_parent)
 
 
+Decide = Callable[[OrderState, Workflow, tuple[LineRecord, ...]], Transition | None]
+
+
 def _apply(
-    store: StateStore, message: Nudge | AgentResponse, now: datetime,
-    decide: Callable[[OrderState, Workflow, tuple[LineRecord, ...]], Transition | None],
+    scheduler: Scheduler, message: Nudge | AgentResponse, now: datetime, decide: Decide
 ) -> tuple[OrderState, Transition, OrderRecord] | None:
     """Read the order (one partition query), decide on its state row and write the
     transition (If-Match on the ETag just read), on the definition the order started on.
@@ -199,12 +219,18 @@ def _apply(
     decided again on the row as it now is, up to :data:`DECISIONS` times: a move that
     ended the line (a reset, another scheduler) makes the message stale, while one that
     left it in flight (a cancel recorded meanwhile) lets the response still count.
+
+    First, without a read, on the order as this process last wrote it, if it holds it
+    (:func:`_on_cached`); that try is not one of the :data:`DECISIONS`.
     """
     order_id = message.order_id
     claimed = message.state if isinstance(message, Nudge) else message.context.fence
+    cached = _on_cached(scheduler, order_id, claimed, now, decide)
+    if cached is not None:
+        return cached
     for _ in range(DECISIONS):
         try:
-            read = store.read(order_id)
+            read = scheduler.store.read(order_id)
         except OrderNotFound:
             return None
         state = read.state
@@ -217,12 +243,53 @@ def _apply(
         if transition is None:
             return None
         try:
-            return store.write(state, transition.state, transition.lines), transition, read
+            return write_transition(scheduler, read, transition, now).state, transition, read
         except OrderNotFound:
             return None
         except ConcurrencyConflict:
             continue
     return None
+
+
+def _on_cached(
+    scheduler: Scheduler, order_id: str, claimed: OrderState | None, now: datetime, decide: Decide
+) -> tuple[OrderState, Transition, OrderRecord] | None:
+    """The decision on the order as this process last wrote it, when it writes and the
+    write (If-Match on that ETag) succeeds: the rows were then exactly those decided on.
+    None otherwise, the entry dropped: no entry; nothing to do, or a forged claim, on rows
+    that may be stale; a 412. :func:`_apply` then reads the order and decides again, so a
+    message the row has moved on to accept is not lost, and a forgery is told on the row."""
+    cache = scheduler.cache
+    known = cache.get(order_id, now) if cache is not None else None
+    if known is None:
+        return None
+    transition = None
+    if not forged(claimed, known.state):
+        transition = _on_definition(known.state, now, lambda s, wf: decide(s, wf, known.lines))
+    if transition is None:
+        cache.drop(order_id, known.state.etag)
+        return None
+    try:
+        return write_transition(scheduler, known, transition, now).state, transition, known
+    except (ConcurrencyConflict, OrderNotFound):
+        return None
+
+
+def write_transition(
+    scheduler: Scheduler, record: OrderRecord, transition: Transition, now: datetime, *, consume: str | None = None
+) -> OrderRecord:
+    """Write ``transition`` over ``record`` (If-Match on its ETag) and return the order as
+    written, kept in the process's cache (an order that ended is dropped from it, and so is
+    one whose write raised, applied or not)."""
+    try:
+        written = scheduler.store.write_over(record, transition.state, transition.lines, consume=consume)
+    except BaseException:
+        if scheduler.cache is not None:
+            scheduler.cache.drop(record.state.order_id, record.state.etag)
+        raise
+    if scheduler.cache is not None:
+        scheduler.cache.put(written, now)
+    return written
 
 
 #: Reads and decisions of one message when its writes keep losing the race (each loss is

@@ -32,7 +32,7 @@ from core import lifecycle, names
 from core.lifecycle import EventVerdict
 from core.models import EventBody, OrderEvent, explain
 from core.workflow import UnknownWorkflow, workflow
-from scheduler.dispatch import Scheduler, carry_out
+from scheduler.dispatch import Scheduler, carry_out, write_transition
 from scheduler.submission import JSON_CONTENT_TYPE, _content_type_ok, _shown, _text
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def _decide(
         return Delivered(Outcome(decision.verdict.value), read, decision.reason)
     transition = decision.transition
     try:
-        state = scheduler.store.write(read.state, transition.state, transition.lines)
+        written = write_transition(scheduler, read, transition, now)
     except ConcurrencyConflict:
         return None  # the row moved (the deadline's give-up, a duplicate delivery): decide again
     except OrderNotFound:
@@ -110,8 +110,8 @@ def _decide(
     results = read.results()
     if body.approved:
         results[read.state.step or ""] = result
-    carry_out(scheduler, state, transition, json.loads(read.document), results, now)
-    return Delivered(Outcome.ACCEPTED, OrderRecord(read.document, state, (*read.lines, *transition.lines)))
+    carry_out(scheduler, written.state, transition, json.loads(read.document), results, now)
+    return Delivered(Outcome.ACCEPTED, written)
 
 
 def receive_message(

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from adapters import search, telemetry
 from adapters.messaging import Publisher
+from adapters.order_cache import OrderCache
 from core.models import Nudge, OrderRequest, ProcessState, Status, StatusEvent, explain, queue_key
 from core.workflow import Workflow, latest
 from adapters.store import OrderConflict, RejectionStore, StateStore
@@ -94,14 +95,17 @@ def submit(
     now: datetime,
     pending_timeout: timedelta,
     trace_parent: str | None = None,
+    cache: OrderCache | None = None,
 ) -> Submission:
     """``workflow``: what an order that names none runs on. ``own_queues``: the app's own queues, which a ReplyTo may not name (status events
     would land among alerts, orders or agent requests). ``trace_parent``: the submission's
-    trace context, kept on a new order's state row (its resets and resubmits continue it)."""
+    trace context, kept on a new order's state row (its resets and resubmits continue it).
+    ``cache``: the process's orders as it last wrote them, where a new order goes, so its
+    first claim here is decided on its rows as written (scheduler/dispatch.py)."""
     result = _submit(
         body, message_id=message_id, reply_to=reply_to, content_type=content_type, own_queues=own_queues, store=store,
         rejections=rejections, publisher=publisher, workflow=workflow, now=now, pending_timeout=pending_timeout,
-        trace_parent=trace_parent,
+        trace_parent=trace_parent, cache=cache,
     )
     telemetry.order_submitted(result.result.value)
     telemetry.annotate(order_id=result.order_id, outcome=result.result)
@@ -122,6 +126,7 @@ def _submit(
     now: datetime,
     pending_timeout: timedelta,
     trace_parent: str | None,
+    cache: OrderCache | None,
 ) -> Submission:
     message_id, reply_to, content_type = _text(message_id), _text(reply_to), _text(content_type)
 
@@ -179,6 +184,8 @@ def _submit(
         )
 
     state = created.state
+    if created.record is not None and cache is not None:
+        cache.put(created.record, now)
     if created.created:
         publisher.send_status(
             StatusEvent(order_id=order.order_id, status=Status.RECEIVED, time=now), queue=reply_to

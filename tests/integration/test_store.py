@@ -307,3 +307,14 @@ def test_the_tables_live_in_the_state_account_when_one_is_named(
         for name in tables.values():
             table_service.delete_table(name)
 
+
+
+def test_what_the_scheduler_keeps_after_each_write_is_what_a_read_returns(store):
+    """adapters/order_cache.py against Azurite: the ETag of a write's answer is the one a
+    query gives, times come back at the precision they were written, and a line's row
+    reads as it was written (tests/unit/test_order_cache.py runs the same order in memory)."""
+    from tests.unit.test_order_cache import written_as_read
+
+    assert written_as_read(store) == [
+        "creation", "first claim", "step", "postponement", "claim after the postponement", "refusal, undo claimed",
+    ]

@@ -375,16 +375,16 @@ def test_a_response_whose_write_loses_to_a_cancel_is_decided_again_and_still_cou
     attempt) and is recorded on it: the action applied, so it is undone at once."""
     w = World()
     w.submit()
-    real_write, raced = w.store.write, []
+    real_write, raced = w.store.write_over, []
 
-    def cancel_first(current, new, lines=(), **kwargs):
+    def cancel_first(record, new, lines=(), **kwargs):
         if not raced:
             raced.append(True)
-            w.store.write = real_write
+            w.store.write_over = real_write
             cancel(w)  # moves the row under the response's decision
-        return real_write(current, new, lines, **kwargs)
+        return real_write(record, new, lines, **kwargs)
 
-    w.store.write = cancel_first
+    w.store.write_over = cancel_first
     assert w.answer() is not None  # recorded, not dropped as stale
     assert w.sent()[-1] == ("compensation", "release")
     assert w.lines()[("reserve", Kind.ACTION)] is LineState.DONE

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from adapters.order_cache import OrderCache
 from adapters.store import StateStore
 from core import lifecycle, names, workflow as workflows
 from core.lifecycle import SupervisorPolicy
@@ -77,11 +78,15 @@ class Nudger:
 
 
 class World:
-    """One order's world: the store over an in-memory table, the scheduler, a clock."""
+    """One order's world: the store over an in-memory table (or ``store``), the scheduler
+    (with ``cache``, the orders as its process last wrote them), a clock."""
 
-    def __init__(self, definition: Workflow = workflows.ORDER_WORKFLOW, *, defaults: StepPolicy = DEFAULTS) -> None:
+    def __init__(
+        self, definition: Workflow = workflows.ORDER_WORKFLOW, *, defaults: StepPolicy = DEFAULTS,
+        store: StateStore | None = None, cache: OrderCache | None = None,
+    ) -> None:
         self.table = MemoryTable()
-        self.store = StateStore(self.table)
+        self.store = store or StateStore(self.table)
         self.publisher = Publisher()
         self.nudger = Nudger()
         self.now = T0
@@ -97,6 +102,7 @@ class World:
             nudger=self.nudger,
             pending_timeout=timedelta(seconds=30),
             max_postponements=MAX_POSTPONEMENTS,
+            cache=cache,
         )
 
     def submit(self, order_id: str = "o-1", *, before_claim: Callable[[], None] | None = None) -> str:
@@ -104,6 +110,8 @@ class World:
         created = self.store.create_order(
             order, workflow=self.definition, reply_to="replies", now=self.now, pending_timeout=timedelta(seconds=30)
         )
+        if self.scheduler.cache is not None:  # as scheduler.submission keeps what it wrote
+            self.scheduler.cache.put(created.record, self.now)
         if before_claim is not None:
             before_claim()
         dispatch.schedule(
