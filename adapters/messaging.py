@@ -16,7 +16,8 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
-from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus import ServiceBusClient
+from azure.servicebus.amqp import AmqpAnnotatedMessage
 
 from pydantic import BaseModel
 
@@ -33,23 +34,36 @@ STATUS_SEND_TIMEOUT = 2.0
 BROKEN_QUEUE_PAUSE = 60.0
 #: The app's own queues plus the most recent reply queues.
 MAX_OPEN_SENDERS = 16
+#: The longest MessageId Service Bus takes.
+MAX_MESSAGE_ID = 128
 
 
 def agent_request_id(order_id: str, step: str, attempt: int) -> str:
     return f"{order_id}:{step}:{attempt}"
 
 
-def _message(body: BaseModel, *, message_id: str, correlation_id: str, subject: str, **extra) -> ServiceBusMessage:
+def _message(
+    body: BaseModel, *, message_id: str, correlation_id: str, subject: str, reply_to: str | None = None,
+    time_to_live: timedelta | None = None,
+) -> AmqpAnnotatedMessage:
     """Every message the app sends: JSON of one model, correlated to its order, with the
-    current span's trace context in its application properties (adapters.telemetry)."""
-    return ServiceBusMessage(
-        body.model_dump_json(),
-        content_type=JSON,
-        message_id=message_id,
-        correlation_id=correlation_id,
-        subject=subject,
+    current span's trace context in its application properties (adapters.telemetry).
+
+    Built as the AMQP message ``ServiceBusMessage`` builds for the same arguments (its header,
+    properties and application properties; the sender turns either into the same outgoing
+    message, tests/unit/test_messaging.py), without its property setters, each of which
+    counts the message's AMQP properties again: 17-18 µs a message instead of 33-42 (issue 21)."""
+    if len(message_id) > MAX_MESSAGE_ID:  # as ServiceBusMessage refuses it
+        raise ValueError(f"message_id cannot be longer than {MAX_MESSAGE_ID} characters.")
+    properties = {"message_id": message_id, "content_type": JSON, "correlation_id": correlation_id, "subject": subject}
+    if reply_to is not None:
+        properties["reply_to"] = reply_to
+    return AmqpAnnotatedMessage(
+        data_body=body.model_dump_json(),
+        # Whole seconds, as ServiceBusMessage's time_to_live keeps them.
+        header=None if time_to_live is None else {"time_to_live": int(time_to_live.total_seconds()) * 1000},
+        properties=properties,
         application_properties=telemetry.message_properties() or None,
-        **extra,
     )
 
 
@@ -84,7 +98,7 @@ class Publisher:
                         old.lock.release()
             return link
 
-    def _send(self, queue: str, message: ServiceBusMessage, kind: str, timeout: float | None = None) -> None:
+    def _send(self, queue: str, message: AmqpAnnotatedMessage, kind: str, timeout: float | None = None) -> None:
         link = self._link(queue)
         with link.lock:
             if link.sender is None:
@@ -230,7 +244,7 @@ async def _close_quietly(sender) -> None:
         pass
 
 
-def _response_message(response: AgentResponse) -> ServiceBusMessage:
+def _response_message(response: AgentResponse) -> AmqpAnnotatedMessage:
     return _message(
         response,
         message_id=f"{agent_request_id(response.order_id, response.step, response.attempt)}:response",

@@ -77,7 +77,7 @@ def test_a_service_bus_message_carries_the_senders_span_as_traceparent_and_diagn
 
     # On the wire: one traceparent, as an AMQP string key, also once the Azure SDK's own
     # tracing has had its say (it adds its keys only where none are set).
-    outgoing = PyamqpTransport.to_outgoing_amqp_message(message.raw_amqp_message)
+    outgoing = PyamqpTransport.to_outgoing_amqp_message(message)
     outgoing = PyamqpTransport.update_message_app_properties(outgoing, b"traceparent", "00-other-01")
     assert outgoing.application_properties[b"traceparent"] == w3c(sender)
 
