@@ -13,18 +13,18 @@ import asyncio
 import email.utils
 import json
 import logging
-import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from adapters import telemetry
 from agents.breaker import BreakerOpen, CircuitBreaker
 from core import names
-from core.models import AgentPolicy, AgentRequest
+from core.models import AgentRequest
 from core.workflow import Kind
 
 log = logging.getLogger(__name__)
@@ -75,21 +75,6 @@ def _retry_after(value: str | None) -> float | None:
 def complete_by_header(when: datetime) -> str:
     """RFC 3339 UTC with milliseconds, e.g. ``2026-11-23T10:15:30.123Z``."""
     return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def backoff(policy: AgentPolicy, calls: int, error: TransientRemoteError) -> float:
-    """The wait before the next call of an attempt, after ``calls`` calls failed transiently:
-    what the service asked for in Retry-After (at least ``backoff_initial``), else exponential
-    from ``backoff_initial`` (doubling per call) plus up to one more ``backoff_initial`` of
-    jitter, at most ``backoff_max`` (tenacity's ``wait_exponential_jitter``, which the agents
-    used before)."""
-    if error.retry_after is not None:
-        return max(error.retry_after, policy.backoff_initial)
-    try:
-        exponential = policy.backoff_initial * 2.0 ** (calls - 1)
-    except OverflowError:
-        return policy.backoff_max
-    return min(exponential + random.uniform(0, policy.backoff_initial), policy.backoff_max)
 
 
 @dataclass
@@ -164,37 +149,50 @@ class RemoteClient:
         def time_left() -> float:
             return (request.complete_by - now()).total_seconds()
 
-        # A plain loop, not a retry library's: its machinery cost ~20 µs a call, most of them
-        # answered at the first (issue 21). Only a transient failure is tried again, after
-        # backoff(), while calls are left and the wait leaves time for one more.
+        # Exponential from backoff_initial, plus up to one more backoff_initial of jitter.
+        exponential = wait_exponential_jitter(
+            multiplier=policy.backoff_initial, jitter=policy.backoff_initial, max=policy.backoff_max
+        )
+
+        def wait(state: RetryCallState) -> float:
+            error = state.outcome.exception() if state.outcome else None
+            backoff = exponential(state)
+            if isinstance(error, TransientRemoteError) and error.retry_after is not None:
+                return max(error.retry_after, policy.backoff_initial)  # the service said when
+            return backoff
+
+        def past_deadline(state: RetryCallState) -> bool:
+            return time_left() - (state.upcoming_sleep or 0.0) < MIN_CALL_SECONDS
+
         tally = _Tally(request.idempotency_key)
-        calls = 0
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(TransientRemoteError),
+            wait=wait,
+            stop=stop_after_attempt(policy.max_calls) | past_deadline,
+            sleep=self._sleep,
+            reraise=True,
+        )
         try:
-            while True:
-                calls += 1
-                if calls > 1:
-                    telemetry.remote_retried(request.remote, request.action)
-                if tally.unknown and request.lookup:
-                    # The last call may have been applied: ask before sending it again.
-                    settled = await self.lookup(request, now=now)
-                    if settled is not None:
-                        log.info(
-                            "%s for order %s: applied already, settled by lookup", request.action, request.order_id
+            async for attempt in retrying:
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:
+                        telemetry.remote_retried(request.remote, request.action)
+                    if tally.unknown and request.lookup:
+                        # The last call may have been applied: ask before sending it again.
+                        settled = await self.lookup(request, now=now)
+                        if settled is not None:
+                            log.info("%s for order %s: applied already, settled by lookup", request.action, request.order_id)
+                            return settled
+                    left = time_left()
+                    if left < MIN_CALL_SECONDS:
+                        raise DeadlineReached(f"complete-by {request.complete_by.isoformat()} reached")
+                    try:
+                        return await self._post(
+                            request, timeout=min(self.call_timeout, left), time_left=time_left, tally=tally
                         )
-                        return settled
-                left = time_left()
-                if left < MIN_CALL_SECONDS:
-                    raise DeadlineReached(f"complete-by {request.complete_by.isoformat()} reached")
-                try:
-                    return await self._post(
-                        request, timeout=min(self.call_timeout, left), time_left=time_left, tally=tally
-                    )
-                except TransientRemoteError as error:
-                    tally.unknown, tally.last_error = error.unknown, str(error)
-                    pause = backoff(policy, calls, error)
-                    if calls >= policy.max_calls or time_left() - pause < MIN_CALL_SECONDS:
+                    except TransientRemoteError as error:
+                        tally.unknown, tally.last_error = error.unknown, str(error)
                         raise
-                await self._sleep(pause)
         except BreakerOpen as error:
             if not tally.failed:
                 raise  # no call of this attempt was made: the line is postponed, not failed
@@ -203,6 +201,7 @@ class RemoteClient:
             # supervisor counts the failure at complete-by, when the call that failed can
             # no longer take effect).
             raise TransientRemoteError(f"{tally.last_error}; then {error}", unknown=tally.unknown) from error
+        raise AssertionError("unreachable")  # pragma: no cover - AsyncRetrying returns or raises
 
     async def lookup(
         self, request: AgentRequest, *, now: Callable[[], datetime] = lambda: datetime.now(UTC)
