@@ -145,16 +145,19 @@ def _first_claim(nudge: Nudge, scheduler: Scheduler, now: datetime) -> AgentRequ
     proves it: If-Match on the snapshot's ETag (the row is unchanged since), and the
     deletion of the order's first-claim seal, a row written at submission whose key
     digests the workflow, the ReplyTo and the document (core.models.first_claim_key).
-    The seal exists only until the first claim, so the row's lines, attempt and failures
-    are a new order's: exactly what :func:`pristine` requires of the snapshot; and the
-    key matches only the workflow, ReplyTo and document the order was submitted with.
-    Any lie, or a lost race, fails the whole transaction: None, and :func:`schedule`
-    decides on the row as read instead.
+    The seal goes with the first write over the order, whoever writes (adapters/store.py):
+    while it exists, the state row is the one the submission wrote, and the ETag it had
+    then is the only one that passes. So a claim that passes both found the row exactly as
+    :func:`core.lifecycle.new_order` made it: what :func:`pristine` requires of the
+    snapshot's deciding fields, and the key matches only the workflow, ReplyTo and document
+    the order was submitted with. Any lie about those, a write since the submission (a
+    claim on a read, a cancel, a supervisor's verdict), or a lost race fails the whole
+    transaction: None, and :func:`schedule` decides on the row as read instead.
 
     Where this process submitted the order, the claim is decided on the rows it wrote
     instead, and only then is the claimed order kept in the cache: the transaction proves
-    the snapshot's deciding fields, not the rest (a cancel recorded, the trace, the note),
-    which the claim's MERGE leaves as the row has them.
+    the snapshot's deciding fields, not the rest (the trace, the note), which the claim's
+    MERGE leaves as the row has them.
     """
     known = scheduler.cache.get(nudge.order_id, now) if scheduler.cache is not None else None
     if known is not None and pristine(known.state):
@@ -169,12 +172,12 @@ def _first_claim(nudge: Nudge, scheduler: Scheduler, now: datetime) -> AgentRequ
     )
     if transition is None or not transition.dispatch:
         return None
-    seal = first_claim_key(state.workflow, state.workflow_version, state.reply_to, document)
     try:
         if known is None:
+            seal = first_claim_key(state.workflow, state.workflow_version, state.reply_to, document)
             claimed = scheduler.store.write(state, transition.state, transition.lines, consume=seal)
-        else:
-            claimed = write_transition(scheduler, known, transition, now, consume=seal).state
+        else:  # its seal, as the record holds it, goes with the write
+            claimed = write_transition(scheduler, known, transition, now).state
     except (ConcurrencyConflict, OrderNotFound):
         return None
     return _carry_out(scheduler, claimed, transition, json.loads(document), {}, now)
@@ -275,14 +278,13 @@ def _on_cached(
         return None
 
 
-def write_transition(
-    scheduler: Scheduler, record: OrderRecord, transition: Transition, now: datetime, *, consume: str | None = None
-) -> OrderRecord:
-    """Write ``transition`` over ``record`` (If-Match on its ETag) and return the order as
-    written, kept in the process's cache (an order that ended is dropped from it, and so is
-    one whose write raised, applied or not)."""
+def write_transition(scheduler: Scheduler, record: OrderRecord, transition: Transition, now: datetime) -> OrderRecord:
+    """Write ``transition`` over ``record`` (If-Match on its ETag; its first-claim seal, if
+    the record holds one, deleted in the same transaction) and return the order as written,
+    kept in the process's cache (an order that ended is dropped from it, and so is one
+    whose write raised, applied or not)."""
     try:
-        written = scheduler.store.write_over(record, transition.state, transition.lines, consume=consume)
+        written = scheduler.store.write_over(record, transition.state, transition.lines)
     except BaseException:
         if scheduler.cache is not None:
             scheduler.cache.drop(record.state.order_id, record.state.etag)
