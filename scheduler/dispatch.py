@@ -185,8 +185,8 @@ def _first_claim(nudge: Nudge, scheduler: Scheduler, now: datetime) -> AgentRequ
 
 def pristine(state: OrderState) -> bool:
     """A new order's state as submission writes it: Pending at the first step of a
-    workflow the app has, never claimed (the fields a claim reads are those of
-    :func:`core.lifecycle.new_order`)."""
+    workflow the app has, never claimed nor cancelled (every field a decision reads is
+    that of :func:`core.lifecycle.new_order`)."""
     try:
         definition = workflow(state.workflow, state.workflow_version)
     except UnknownWorkflow:
@@ -197,6 +197,7 @@ def pristine(state: OrderState) -> bool:
         and (state.attempt, state.failure_count, state.postponements) == (0, 0, 0)
         and (state.plan, state.failed, state.gave_up, state.max_failures) == ((), (), False, None)
         and state.locked_by is None and state.cause is None
+        and (state.cancel_requested_at, state.cancel_reason, state.cancelled_by) == (None, None, None)
     )
 
 

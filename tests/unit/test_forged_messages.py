@@ -294,6 +294,23 @@ def test_a_forged_first_claim_after_a_supervisor_retry_of_an_order_claimed_befor
     assert request is not None and (request.step, request.attempt) == ("reserve", 2)
 
 
+def test_a_first_claim_snapshot_that_names_a_cancel_is_not_a_new_orders():
+    """:func:`dispatch.pristine` pins every field a decision reads, the cancel's too: a snapshot naming a cancel
+    reason the row has not (the claim's fence would carry it, and the agent's true response be dropped as forged)
+    is decided on the row and dropped; the seal stays, and the submission's own nudge still claims with no read."""
+    w = World()
+    submitted, document = created(w)
+    for lie in ({"cancel_reason": "x"}, {"cancelled_by": "x"}, {"cancel_requested_at": w.now}):
+        assert dispatch.pristine(submitted) and not dispatch.pristine(submitted.model_copy(update=lie))
+    lying = Nudge(order_id="o-1", state=submitted.model_copy(update={"cancel_reason": "not the row's"}),
+                  document=document)
+    assert dispatch.schedule(lying, scheduler=w.scheduler, now=w.now) is None
+    assert w.publisher.requests == [] and sealed(w)
+    before = w.table.ops.copy()
+    first_claim(w, submitted, document)
+    assert w.table.ops - before == {"transaction": 1} and w.last.context.fence.cancel_reason is None
+
+
 def cached_world() -> World:
     return World(cache=OrderCache(max_age=timedelta(minutes=10)))
 
