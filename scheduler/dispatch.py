@@ -24,7 +24,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from adapters import telemetry
@@ -154,10 +154,19 @@ def _first_claim(nudge: Nudge, scheduler: Scheduler, now: datetime) -> AgentRequ
     claim on a read, a cancel, a supervisor's verdict), or a lost race fails the whole
     transaction: None, and :func:`schedule` decides on the row as read instead.
 
-    Where this process submitted the order, the claim is decided on the rows it wrote
-    instead, and only then is the claimed order kept in the cache: the transaction proves
-    the snapshot's deciding fields, not the rest (the trace, the note), which the claim's
-    MERGE leaves as the row has them.
+    What the snapshot may still lie about (its times, note, trace, last error) is never
+    written. The claim is a MERGE of the properties in which the claimed state differs from
+    its base: those :func:`core.lifecycle.claim` sets, ProcessState, LockedBy, Attempt and
+    MaxFailures (each differs from the value :func:`pristine` pins, the row's own), and
+    CompleteBy and UpdatedAt (always written: the base is the snapshot without its times,
+    :func:`_untimed`, as one naming the claim's own time would keep the row's). Their
+    values come from the clock, this instance, the first step's policy and the pinned
+    attempt 0; every other property is the same in the base and the claim, left out, the
+    row keeping its own: the row ends as a claim on a read would leave it. Only what is
+    sent carries the snapshot's other fields (the request's fence), which no decision reads
+    and no write takes from a message. So a claim decided on a snapshot is not kept in the
+    cache; where this process submitted the order, the claim is decided on the rows it
+    wrote instead (its If-Match write proves them) and kept.
     """
     known = scheduler.cache.get(nudge.order_id, now) if scheduler.cache is not None else None
     if known is not None and pristine(known.state):
@@ -175,12 +184,22 @@ def _first_claim(nudge: Nudge, scheduler: Scheduler, now: datetime) -> AgentRequ
     try:
         if known is None:
             seal = first_claim_key(state.workflow, state.workflow_version, state.reply_to, document)
-            claimed = scheduler.store.write(state, transition.state, transition.lines, consume=seal)
+            claimed = scheduler.store.write(_untimed(state), transition.state, transition.lines, consume=seal)
         else:  # its seal, as the record holds it, goes with the write
             claimed = write_transition(scheduler, known, transition, now).state
     except (ConcurrencyConflict, OrderNotFound):
         return None
     return _carry_out(scheduler, claimed, transition, json.loads(document), {}, now)
+
+
+def _untimed(snapshot: OrderState) -> OrderState:
+    """The base of the first claim's MERGE (the properties of the claim that differ from it
+    are written): the snapshot with times no claim sets, so the claim's CompleteBy and
+    UpdatedAt are written whatever times the snapshot names (they are not proven)."""
+    return snapshot.model_copy(update={"complete_by": _NO_TIME, "updated_at": _NO_TIME})
+
+
+_NO_TIME = datetime.min.replace(tzinfo=UTC)
 
 
 def pristine(state: OrderState) -> bool:

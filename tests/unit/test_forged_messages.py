@@ -311,6 +311,25 @@ def test_a_first_claim_snapshot_that_names_a_cancel_is_not_a_new_orders():
     assert w.table.ops - before == {"transaction": 1} and w.last.context.fence.cancel_reason is None
 
 
+def test_a_first_claim_writes_its_own_times_whatever_times_the_snapshot_names():
+    """The claim's MERGE writes what differs from its base. Were the base the snapshot, one naming the claim's own
+    CompleteBy and UpdatedAt (its times are not proven) would keep the row's creation times in their place, and the
+    row would time out before the request it sent may still act. The claim writes its times whatever the snapshot
+    says: the row holds the request's Complete-By."""
+    w = World()
+    submitted, document = created(w)
+    w.now += timedelta(seconds=5)
+    own = w.now + timedelta(seconds=DEFAULTS.timeout_seconds)
+    assert submitted.complete_by != own
+    lying = Nudge(order_id="o-1", state=submitted.model_copy(update={"complete_by": own, "updated_at": w.now}),
+                  document=document)
+    before = w.table.ops.copy()
+    request = dispatch.schedule(lying, scheduler=w.scheduler, now=w.now)
+    assert w.table.ops - before == {"transaction": 1}
+    row = w.state()
+    assert request is not None and row.complete_by == request.complete_by == own and row.updated_at == w.now
+
+
 def cached_world() -> World:
     return World(cache=OrderCache(max_age=timedelta(minutes=10)))
 
