@@ -120,10 +120,8 @@ class ShardedStateStore:
     ) -> OrderState:
         return self.store_for(new.order_id).write(current, new, lines, consume=consume)
 
-    def write_over(
-        self, record: OrderRecord, new: OrderState, lines: Sequence[LineRecord] = (), *, consume: str | None = None
-    ) -> OrderRecord:
-        return self.store_for(new.order_id).write_over(record, new, lines, consume=consume)
+    def write_over(self, record: OrderRecord, new: OrderState, lines: Sequence[LineRecord] = ()) -> OrderRecord:
+        return self.store_for(new.order_id).write_over(record, new, lines)
 
     def transition(
         self, current: OrderState, new: OrderState | None, lines: Sequence[LineRecord] = ()

@@ -12,7 +12,8 @@ either, since every write to an order's partition writes its state row too:
   ``import_order``, which creates the line rows in it as well);
 - a line's row is written only in the transaction of the state row's If-Match MERGE that
   ends the line (``StateStore.write``: the scheduler, its events, the supervisor's resets,
-  cancels, resubmits), which also deletes the first-claim seal;
+  cancels, resubmits), and the first-claim seal deleted only in the first such write (so
+  the creation's record holds the seal, as a read then shows it, and a written one none);
 - retention deletes a finished order's partition with its state row first, If-Match, in the
   same transaction (adapters/retention.py).
 

@@ -10,19 +10,31 @@ PartitionKey       RowKey                 what
                                           the current line of the workflow
 ``<OrderId>``      ``step-01-reserve``    how step 1's action ended (:class:`LineRecord`)
 ``<OrderId>``      ``undo-01-reserve``    how step 1's compensation ended
-``<OrderId>``      ``first-claim-<hex>``  the first claim's seal (core.models.first_claim_key)
+``<OrderId>``      ``first-claim-<hex>``  the first-claim seal (core.models.first_claim_key): only
+                                          while no write has moved the order since its submission
 ``_active-007``    ``<OrderId>``          the active index: one row per in-flight order,
                                           in the shard a hash of its id picks
 =================  =====================  ==========================================
 
 The order and state rows are written by one entity-group transaction, so they exist
 together or not at all. A line's row is written in the same transaction as the state
-row's If-Match update that ends the line (and starts the next one), so the state
-row's ETag guards the whole partition: no step row is ever written without it. The active index row is written *before* that transaction
-and removed once the order is terminal, so the supervisor's sweep reads the in-flight
-orders only, however many finished orders the table holds. The index heals itself:
-an index row whose order is terminal, or whose order never got written, is dropped
-by the supervisor (:meth:`StateStore.sweep`).
+row's If-Match update that ends the line (and starts the next one), so the state row's
+ETag guards the whole partition: no step row is ever written without it.
+
+The seal row is created in the order's transaction and deleted by the first write over
+its state row, whoever writes it (the first claim, a claim after a read, a cancel, a
+supervisor's verdict, a resubmit), in that write's transaction: while the partition holds
+it, the state row is exactly as the submission wrote it, which is what an order's first
+claim proves instead of reading (scheduler/dispatch.py). A write over the order as read
+deletes the seal the read saw (:meth:`StateStore.write_over`, :attr:`OrderRecord.seal`);
+one decided on the state row alone reads the partition first
+(:meth:`StateStore.transition`).
+
+The active index row is written *before* the order's transaction and removed once the
+order is terminal, so the supervisor's sweep reads the in-flight orders only, however
+many finished orders the table holds. The index heals itself: an index row whose order is
+terminal, or whose order never got written, is dropped by the supervisor
+(:meth:`StateStore.sweep`).
 
 The index is spread over ``ACTIVE_INDEX_SHARDS`` partitions (``_active-000`` ...), the
 shard picked by a stable hash of the order id (:func:`core.names.active_shard`), so no
@@ -61,7 +73,15 @@ from azure.data.tables import TableClient, UpdateMode
 
 from adapters import telemetry
 from core import lifecycle, names, retention
-from core.models import LineRecord, LineState, OrderRequest, OrderState, ProcessState, first_claim_key
+from core.models import (
+    FIRST_CLAIM_PREFIX,
+    LineRecord,
+    LineState,
+    OrderRequest,
+    OrderState,
+    ProcessState,
+    first_claim_key,
+)
 from core.workflow import Kind, Workflow
 
 log = logging.getLogger(__name__)
@@ -260,6 +280,9 @@ class OrderRecord:
     lines: tuple[LineRecord, ...]
     #: The state row's :data:`WRITE_ID`: which write last wrote it.
     write_id: str | None = None
+    #: The RowKey of the order's first-claim seal while the partition holds it (no write has
+    #: moved the order since its submission); a write over this record deletes it.
+    seal: str | None = None
 
     def results(self) -> dict[str, dict[str, Any]]:
         """Results of the steps whose action is done, by step name."""
@@ -274,7 +297,8 @@ class OrderRecord:
         ``state`` (with the ETag the write got), the rows of ``lines`` and the state row's
         ``write_id``: both as the table gives them back (an empty text reads as None), each
         line in place of the row of the same line, the other lines kept, in the order of
-        :func:`record_from_rows`. The document never changes once written."""
+        :func:`record_from_rows`; no seal, which that write deleted. The document never
+        changes once written."""
         by_key = {_line_key(line): line for line in self.lines}
         by_key.update({_line_key(line): line_from_entity(line_to_entity(line)) for line in lines})
         return OrderRecord(self.document, stored(state), _in_order(by_key.values()), write_id)
@@ -301,8 +325,9 @@ def record_from_rows(order_id: str, rows: dict[str, Any]) -> OrderRecord:
     if STATE_ROW not in rows or ORDER_ROW not in rows:
         raise OrderNotFound(f"no order {order_id!r}")
     lines = _in_order(line_from_entity(row) for key, row in rows.items() if key.startswith(_LINE_PREFIXES))
+    seal = min((key for key in rows if key.startswith(FIRST_CLAIM_PREFIX)), default=None)
     return OrderRecord(
-        rows[ORDER_ROW]["Document"], state_from_entity(rows[STATE_ROW]), lines, rows[STATE_ROW].get(WRITE_ID)
+        rows[ORDER_ROW]["Document"], state_from_entity(rows[STATE_ROW]), lines, rows[STATE_ROW].get(WRITE_ID), seal
     )
 
 
@@ -408,7 +433,7 @@ class StateStore:
             except OrderNotFound:
                 raise error from None
         created = state.model_copy(update={"etag": results[1].get("etag")})
-        return Created(created, created=True, record=OrderRecord(document, stored(created), (), write_id))
+        return Created(created, created=True, record=OrderRecord(document, stored(created), (), write_id, seal))
 
     def _existing(self, order_id: str, document: str, write_id: str) -> Created:
         """The order already there: this very submission's write, whose success was lost on
@@ -473,6 +498,11 @@ class StateStore:
         together with the rows of the lines that end with it, and deleting the row
         ``consume`` of the partition, which must exist (else :class:`ConcurrencyConflict`).
 
+        The caller must know whether the partition holds the order's first-claim seal: a
+        write over the order must delete it (``consume``). The first claim, decided without
+        a read, names the seal it proves; a writer holding the order as read uses
+        :meth:`write_over`, and one holding its state row alone :meth:`transition`.
+
         The state row gets only the properties that differ (a MERGE), with If-Match on
         ``current.etag``; with lines, all of it is one entity-group transaction, which
         fails whole if the state row moved. Raises :class:`ConcurrencyConflict` if
@@ -483,14 +513,13 @@ class StateStore:
         """
         return self._write(current, new, lines, consume)[0]
 
-    def write_over(
-        self, record: OrderRecord, new: OrderState, lines: Sequence[LineRecord] = (), *, consume: str | None = None
-    ) -> OrderRecord:
+    def write_over(self, record: OrderRecord, new: OrderState, lines: Sequence[LineRecord] = ()) -> OrderRecord:
         """:meth:`write` of ``new`` and ``lines`` over ``record`` (the order as read, or as
-        this process last wrote it), returning the order as :meth:`read` would return it
-        right after the write (:meth:`OrderRecord.after`): the If-Match on ``record``'s ETag
-        passed, so the partition held ``record`` and now holds this."""
-        state, write_id = self._write(record.state, new, lines, consume)
+        this process last wrote it), deleting its seal (:attr:`OrderRecord.seal`) in the same
+        transaction, and returning the order as :meth:`read` would return it right after the
+        write (:meth:`OrderRecord.after`): the If-Match on ``record``'s ETag passed, so the
+        partition held ``record`` and now holds this."""
+        state, write_id = self._write(record.state, new, lines, record.seal)
         return record.after(state, lines, write_id)
 
     def _write(
@@ -538,8 +567,8 @@ class StateStore:
             status = getattr(error, "status_code", None)
             if isinstance(error, ResourceNotFoundError) or status == 404:
                 if consume is not None:
-                    # The state row's If-Match comes first in the transaction and passed: this
-                    # write was not applied before; the row to consume is gone (claimed already).
+                    # The row to consume is gone (written over since: the seal goes with the first
+                    # write), or the state row is: this write was not applied, decide again on a read.
                     raise ConcurrencyConflict(f"order {new.order_id!r}: no row {consume!r} to consume") from error
                 raise OrderNotFound(f"no order {new.order_id!r}") from error
             moved = isinstance(error, ResourceModifiedError) or status == 412 or "UpdateConditionNotSatisfied" in str(error)
@@ -578,11 +607,17 @@ class StateStore:
     def transition(
         self, current: OrderState, new: OrderState | None, lines: Sequence[LineRecord] = ()
     ) -> OrderState | None:
-        """Write a lifecycle decision; None when there is nothing to write or the row moved."""
+        """Write a lifecycle decision taken on a state row read alone (the supervisor's sweep);
+        None when there is nothing to write or the row moved. The partition is read first (one
+        query): the state row does not tell whether the order's first-claim seal is still
+        there, and a write over the order must delete it (:meth:`write_over`)."""
         if new is None:
             return None
+        record = self.read(current.order_id)
+        if record.state.etag != current.etag:
+            return None  # moved since ``current`` was read: the decision was taken on another row
         try:
-            return self.write(current, new, lines)
+            return self.write_over(record, new, lines).state
         except ConcurrencyConflict:
             return None
 

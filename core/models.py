@@ -549,10 +549,11 @@ FIRST_CLAIM_PREFIX = "first-claim-"
 
 def first_claim_key(workflow: str, version: int, reply_to: str | None, document: str) -> str:
     """The RowKey of the row that seals an order's first claim: written with the order at
-    submission, deleted by its first claim in the same transaction as the claim. It
+    submission, deleted by the first write over the order (its first claim, or a cancel,
+    a supervisor's verdict before it) in that write's transaction (adapters/store.py). It
     names what the first claim takes from the nudge instead of reading it (the
     workflow, the ReplyTo and the document), so a nudge that lies about any of them, or
-    an order claimed before, finds no such row and its claim fails whole
+    one for an order written over since, finds no such row and its claim fails whole
     (scheduler/dispatch.py)."""
     digest = hashlib.sha256(f"{workflow}\n{version}\n{reply_to or ''}\n{document}".encode()).hexdigest()
     return f"{FIRST_CLAIM_PREFIX}{digest[:32]}"

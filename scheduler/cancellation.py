@@ -49,8 +49,13 @@ def cancel(
     now: datetime,
 ) -> Cancelled:
     """Record a cancel on ``order_id``. Raises :class:`OrderNotFound`, or
-    :class:`NotCancellable` for an order that ended Processed or in Error."""
-    state = store.get(order_id)
+    :class:`NotCancellable` for an order that ended Processed or in Error.
+
+    The order's partition is read (one query), not its state row alone: a cancel of an
+    order never claimed is the first write over it, and deletes its first-claim seal in the
+    same transaction (:meth:`StateStore.write_over`), so no nudge can first-claim it after."""
+    record = store.read(order_id)
+    state = record.state
     with telemetry.continue_order(
         names.SPAN_CANCEL, state.trace_parent, order_id=order_id, step=state.step, kind=state.kind,
         attempt=state.attempt,
@@ -64,9 +69,10 @@ def cancel(
                 telemetry.annotate(outcome="already")
                 return Cancelled(CancelVerdict.ALREADY, state, decision.reason)
             try:
-                written = store.write(state, decision.next_state)
+                written = store.write_over(record, decision.next_state).state
             except ConcurrencyConflict:
-                state = store.get(order_id)  # someone moved the row: decide again on it
+                record = store.read(order_id)  # someone moved the row: decide again on it
+                state = record.state
                 continue
             telemetry.annotate(outcome="recorded")
             log.warning("order %s: %s", order_id, lifecycle.cancel_cause(written))

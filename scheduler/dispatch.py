@@ -24,7 +24,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from adapters import telemetry
@@ -145,16 +145,28 @@ def _first_claim(nudge: Nudge, scheduler: Scheduler, now: datetime) -> AgentRequ
     proves it: If-Match on the snapshot's ETag (the row is unchanged since), and the
     deletion of the order's first-claim seal, a row written at submission whose key
     digests the workflow, the ReplyTo and the document (core.models.first_claim_key).
-    The seal exists only until the first claim, so the row's lines, attempt and failures
-    are a new order's: exactly what :func:`pristine` requires of the snapshot; and the
-    key matches only the workflow, ReplyTo and document the order was submitted with.
-    Any lie, or a lost race, fails the whole transaction: None, and :func:`schedule`
-    decides on the row as read instead.
+    The seal goes with the first write over the order, whoever writes (adapters/store.py):
+    while it exists, the state row is the one the submission wrote, and the ETag it had
+    then is the only one that passes. So a claim that passes both found the row exactly as
+    :func:`core.lifecycle.new_order` made it: what :func:`pristine` requires of the
+    snapshot's deciding fields, and the key matches only the workflow, ReplyTo and document
+    the order was submitted with. Any lie about those, a write since the submission (a
+    claim on a read, a cancel, a supervisor's verdict), or a lost race fails the whole
+    transaction: None, and :func:`schedule` decides on the row as read instead.
 
-    Where this process submitted the order, the claim is decided on the rows it wrote
-    instead, and only then is the claimed order kept in the cache: the transaction proves
-    the snapshot's deciding fields, not the rest (a cancel recorded, the trace, the note),
-    which the claim's MERGE leaves as the row has them.
+    What the snapshot may still lie about (its times, note, trace, last error) is never
+    written. The claim is a MERGE of the properties in which the claimed state differs from
+    its base: those :func:`core.lifecycle.claim` sets, ProcessState, LockedBy, Attempt and
+    MaxFailures (each differs from the value :func:`pristine` pins, the row's own), and
+    CompleteBy and UpdatedAt (always written: the base is the snapshot without its times,
+    :func:`_untimed`, as one naming the claim's own time would keep the row's). Their
+    values come from the clock, this instance, the first step's policy and the pinned
+    attempt 0; every other property is the same in the base and the claim, left out, the
+    row keeping its own: the row ends as a claim on a read would leave it. Only what is
+    sent carries the snapshot's other fields (the request's fence), which no decision reads
+    and no write takes from a message. So a claim decided on a snapshot is not kept in the
+    cache; where this process submitted the order, the claim is decided on the rows it
+    wrote instead (its If-Match write proves them) and kept.
     """
     known = scheduler.cache.get(nudge.order_id, now) if scheduler.cache is not None else None
     if known is not None and pristine(known.state):
@@ -169,21 +181,31 @@ def _first_claim(nudge: Nudge, scheduler: Scheduler, now: datetime) -> AgentRequ
     )
     if transition is None or not transition.dispatch:
         return None
-    seal = first_claim_key(state.workflow, state.workflow_version, state.reply_to, document)
     try:
         if known is None:
-            claimed = scheduler.store.write(state, transition.state, transition.lines, consume=seal)
-        else:
-            claimed = write_transition(scheduler, known, transition, now, consume=seal).state
+            seal = first_claim_key(state.workflow, state.workflow_version, state.reply_to, document)
+            claimed = scheduler.store.write(_untimed(state), transition.state, transition.lines, consume=seal)
+        else:  # its seal, as the record holds it, goes with the write
+            claimed = write_transition(scheduler, known, transition, now).state
     except (ConcurrencyConflict, OrderNotFound):
         return None
     return _carry_out(scheduler, claimed, transition, json.loads(document), {}, now)
 
 
+def _untimed(snapshot: OrderState) -> OrderState:
+    """The base of the first claim's MERGE (the properties of the claim that differ from it
+    are written): the snapshot with times no claim sets, so the claim's CompleteBy and
+    UpdatedAt are written whatever times the snapshot names (they are not proven)."""
+    return snapshot.model_copy(update={"complete_by": _NO_TIME, "updated_at": _NO_TIME})
+
+
+_NO_TIME = datetime.min.replace(tzinfo=UTC)
+
+
 def pristine(state: OrderState) -> bool:
     """A new order's state as submission writes it: Pending at the first step of a
-    workflow the app has, never claimed (the fields a claim reads are those of
-    :func:`core.lifecycle.new_order`)."""
+    workflow the app has, never claimed nor cancelled (every field a decision reads is
+    that of :func:`core.lifecycle.new_order`)."""
     try:
         definition = workflow(state.workflow, state.workflow_version)
     except UnknownWorkflow:
@@ -194,6 +216,7 @@ def pristine(state: OrderState) -> bool:
         and (state.attempt, state.failure_count, state.postponements) == (0, 0, 0)
         and (state.plan, state.failed, state.gave_up, state.max_failures) == ((), (), False, None)
         and state.locked_by is None and state.cause is None
+        and (state.cancel_requested_at, state.cancel_reason, state.cancelled_by) == (None, None, None)
     )
 
 
@@ -275,14 +298,13 @@ def _on_cached(
         return None
 
 
-def write_transition(
-    scheduler: Scheduler, record: OrderRecord, transition: Transition, now: datetime, *, consume: str | None = None
-) -> OrderRecord:
-    """Write ``transition`` over ``record`` (If-Match on its ETag) and return the order as
-    written, kept in the process's cache (an order that ended is dropped from it, and so is
-    one whose write raised, applied or not)."""
+def write_transition(scheduler: Scheduler, record: OrderRecord, transition: Transition, now: datetime) -> OrderRecord:
+    """Write ``transition`` over ``record`` (If-Match on its ETag; its first-claim seal, if
+    the record holds one, deleted in the same transaction) and return the order as written,
+    kept in the process's cache (an order that ended is dropped from it, and so is one
+    whose write raised, applied or not)."""
     try:
-        written = scheduler.store.write_over(record, transition.state, transition.lines, consume=consume)
+        written = scheduler.store.write_over(record, transition.state, transition.lines)
     except BaseException:
         if scheduler.cache is not None:
             scheduler.cache.drop(record.state.order_id, record.state.etag)

@@ -15,7 +15,7 @@ from core.workflow import shortest_timeout
 from adapters.messaging import Nudger, Publisher
 from core.models import Nudge, OrderState, ProcessState, Status, StatusEvent
 from adapters.settings import Settings
-from adapters.store import StateStore
+from adapters.store import ConcurrencyConflict, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,10 @@ def _act(
     policy: SupervisorPolicy, now: datetime,
 ) -> str:
     """Write the supervisor's verdict on one expired order and hand it back to the
-    scheduler; what was done ("lost_race" when someone moved the row first)."""
+    scheduler; what was done ("lost_race" when someone moved the row first). The write
+    reads the order's partition first (:meth:`StateStore.transition`: one query per
+    verdict, not per row swept), so it deletes the first-claim seal of an order never
+    written over since its submission."""
     written = store.transition(state, decision.next_state)
     if written is None:
         telemetry.annotate(outcome="lost_race")
@@ -142,15 +145,17 @@ def resubmit(
     that failed), failure count cleared, nudged. The next claim takes a new attempt
     number (fencing out any late response of the failed attempts), and the remote
     service sees the same idempotency keys, so work it already did is not redone."""
-    state = store.get(order_id)
+    record = store.read(order_id)  # the partition: the write deletes a first-claim seal still there
+    state = record.state
     with telemetry.continue_order(names.SPAN_RESUBMIT, state.trace_parent, **_where(state)):
         new = lifecycle.resubmit(state, now, pending_timeout)
         if new is None:
             raise NotResubmittable(f"order {order_id} is {state.process_state.value}, not Error: nothing to resubmit")
         store.reindex(order_id, now)  # back in the supervisor's view before it leaves Error
-        written = store.transition(state, new)
-        if written is None:
-            raise NotResubmittable(f"order {order_id} changed while resubmitting; look again")
+        try:
+            written = store.write_over(record, new).state
+        except ConcurrencyConflict:
+            raise NotResubmittable(f"order {order_id} changed while resubmitting; look again") from None
         nudger.nudge(Nudge(order_id=order_id, state=written))
         search.unindex_error(store, state)  # out of its cause's group (that Error's row only)
         return written

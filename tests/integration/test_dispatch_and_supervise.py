@@ -17,7 +17,7 @@ from core import names
 from core.models import AgentRequest, AgentResponse, LineState, Nudge, Outcome, ProcessState, utcnow
 from core.workflow import ORDER_WORKFLOW, Kind
 from devtools.orders import order_json
-from scheduler import dispatch
+from scheduler import cancellation, dispatch
 from scheduler.blueprint import scheduler, submit_order
 from supervisor.supervision import NotResubmittable, policy_from, resubmit, sweep
 from tests.factories import servicebus_message
@@ -101,9 +101,45 @@ def test_the_first_claim_is_proven_by_its_seal_in_azurite_and_a_lying_nudge_is_c
     services().cache.drop("o-seal-2")  # as if submitted by another instance: the nudge and the seal only
     store.ops.clear()
     request = schedule(lying)
-    assert store.ops == {"transaction": 1, "query": 1, "update": 1}, store.ops  # failed seal, read, claim
+    # The failed seal, the read, the claim: a transaction that deletes the seal the read saw.
+    assert store.ops == {"transaction": 2, "query": 1}, store.ops
+    assert store.read("o-seal-2").seal is None
     assert request.order == json.loads(store.read("o-seal-2").document) and request.order["total"] != "0.01"
     assert schedule(forged_nudge) is None  # the seal is gone once claimed: the row decides (not Pending)
+
+
+def test_a_write_before_the_first_claim_takes_the_seal_and_a_forged_first_claim_is_decided_on_the_row(
+    app_settings, servicebus_emulator
+):
+    """Against Azurite: a cancel recorded on an order never claimed, and a supervisor's re-nudge of one whose nudge
+    was lost, each delete the seal in their own transaction. The submission's nudge with the row's new ETag (what
+    someone who read it would send) then fails whole (the seal's 404) and is decided on the row as read: after the
+    cancel, dropped as forged (no request); after the re-nudge, the first attempt of reserve the row warrants."""
+    s = services()
+    submitted = submit("o-seal-3")
+    s.cache.drop("o-seal-3")  # as if submitted by another instance: the nudge and the seal only
+    cancellation.cancel("o-seal-3", reason="asked", by="ops", store=s.store, publisher=s.publisher, nudger=s.nudger,
+                        now=utcnow())
+    row = s.store.read("o-seal-3")
+    assert row.seal is None and row.state.cancel_requested_at is not None
+    forged = submitted.model_copy(update={"state": submitted.state.model_copy(update={"etag": row.state.etag})})
+    s.store.ops.clear()
+    assert schedule(forged) is None
+    assert s.store.ops == {"transaction": 1, "query": 1}, s.store.ops  # the seal's 404, the read that tells it
+    assert s.store.read("o-seal-3") == row
+    assert receive(servicebus_emulator.connection_string, app_settings["INVENTORY_REQUESTS_QUEUE"], 1, timeout=1) == []
+    assert [n.order_id for n in take_nudges(s.nudger)] == ["o-seal-3"]  # the cancel's own
+
+    submitted = submit("o-seal-4")
+    s.cache.drop("o-seal-4")
+    assert supervise(submitted.state.complete_by + timedelta(seconds=1))["renudge"] >= 1
+    row = s.store.read("o-seal-4")
+    assert row.seal is None
+    forged = submitted.model_copy(update={"state": submitted.state.model_copy(update={"etag": row.state.etag})})
+    s.store.ops.clear()
+    request = schedule(forged)
+    assert s.store.ops == {"transaction": 1, "query": 1, "update": 1}, s.store.ops  # the 404, the read, the claim
+    assert (request.step, request.attempt) == ("reserve", 1) and request.order == json.loads(row.document)
 
 
 def test_each_step_goes_to_its_own_agent_queue_and_the_last_success_leaves_the_index(

@@ -134,8 +134,8 @@ def test_an_operators_resubmit_survives_a_dropped_connection(app_settings, stora
     (the operator's resubmit failed on this in a push-back soak, RemoteDisconnected)."""
     submit("o-8")
     store = services().store
-    state = store.get("o-8")
-    store.write(state, lifecycle.fail(state, "stopped for the test", state.updated_at))
+    record = store.read("o-8")  # written over as the app writes: its seal goes, the resubmit is a lone PATCH
+    store.write_over(record, lifecycle.fail(record.state, "stopped for the test", record.state.updated_at))
     storage_proxy.inject(fault, service="table", method="PATCH")
     written = resubmit("o-8", store=store, nudger=services().nudger, now=utcnow(), pending_timeout=timedelta(seconds=30))
     assert written.process_state is ProcessState.PENDING and store.get("o-8").etag == written.etag

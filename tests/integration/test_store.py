@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
@@ -15,7 +16,16 @@ from adapters.settings import Settings
 from adapters.store import UNSHARDED_ACTIVE_PARTITION, ConcurrencyConflict, OrderConflict, OrderNotFound, StateStore
 from adapters.wiring import Services
 from core import lifecycle, names
-from core.models import AgentResponse, Context, LineState, OrderRequest, Outcome, ProcessState, utcnow
+from core.models import (
+    FIRST_CLAIM_PREFIX,
+    AgentResponse,
+    Context,
+    LineState,
+    OrderRequest,
+    Outcome,
+    ProcessState,
+    utcnow,
+)
 from core.workflow import ORDER_WORKFLOW, StepPolicy
 from devtools.orders import order_json
 
@@ -318,3 +328,29 @@ def test_what_the_scheduler_keeps_after_each_write_is_what_a_read_returns(store)
     assert written_as_read(store) == [
         "creation", "first claim", "step", "postponement", "claim after the postponement", "refusal, undo claimed",
     ]
+
+
+def test_the_first_write_over_an_order_deletes_its_seal_in_the_same_transaction(store):
+    """Against Azurite: a read shows the order's first-claim seal (Created.record too) until the first write over the
+    order; that write deletes it in its own transaction, over the order as read (write_over) or over its state row
+    read alone (transition, which reads the partition first). A write over a record naming a seal the partition no
+    longer holds fails whole: the batch's 404 on the seal undoes its If-Match MERGE, and the row is as it was."""
+    _, created = new_order(store, "o-seal-a")
+    record = store.read("o-seal-a")
+    assert record.seal is not None and record.seal.startswith(FIRST_CLAIM_PREFIX) and record.seal == created.record.seal
+    cancelled = lifecycle.request_cancel(record.state, utcnow(), "asked", "ops").next_state
+    written = store.write_over(record, cancelled)
+    assert written.seal is None and store.read("o-seal-a") == written
+
+    _, created = new_order(store, "o-seal-b")
+    renudged = created.state.model_copy(update={"complete_by": utcnow() + PENDING, "updated_at": utcnow()})
+    assert store.transition(created.state, renudged) is not None and store.read("o-seal-b").seal is None
+
+    _, created = new_order(store, "o-seal-c")
+    row = store.read("o-seal-c")
+    store.table.delete_entity("o-seal-c", row.seal)  # gone behind the record's back
+    claimed = lifecycle.claim(row.state, ORDER_WORKFLOW, "i1", utcnow(), DEFAULTS, pending_timeout=PENDING)
+    with pytest.raises(ConcurrencyConflict):
+        store.write_over(row, claimed.state)
+    assert store.read("o-seal-c") == replace(row, seal=None)  # the MERGE was not applied
+    assert store.write_over(store.read("o-seal-c"), claimed.state).state.process_state is ProcessState.PROCESSING

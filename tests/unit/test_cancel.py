@@ -52,7 +52,7 @@ def test_a_cancel_is_recorded_on_the_state_row_in_one_conditional_write_and_chan
     before, ops = w.state(), w.table.ops.copy()
     done = cancel(w)
     assert done.verdict is CancelVerdict.RECORDED
-    assert w.table.ops - ops == {"read": 1, "update": 1}
+    assert w.table.ops - ops == {"query": 1, "update": 1}  # the partition read: no seal left to delete
     after = w.state()
     assert (after.cancel_requested_at, after.cancel_reason, after.cancelled_by) == (w.now, "customer asked", "ops@example.com")
     for field in ("process_state", "step", "kind", "attempt", "complete_by", "locked_by", "plan"):
@@ -165,7 +165,7 @@ def test_cancel_twice_is_a_no_op_and_so_is_a_cancel_of_a_compensated_order():
     ops = w.table.ops.copy()
     again = cancel(w, reason="again")
     assert again.verdict is CancelVerdict.ALREADY and "already" in again.reason
-    assert w.table.ops - ops == {"read": 1}  # nothing written
+    assert w.table.ops - ops == {"query": 1}  # nothing written
     assert w.state().cancel_reason == "customer asked"
     assert statuses(w).count(Status.CANCELLING) == 1
     w.answer()
@@ -185,18 +185,18 @@ def test_a_response_that_races_the_cancel_write_makes_it_decide_again_on_the_new
     If-Match fails (412), it reads the new row and writes the cancel on it."""
     w = World()
     w.submit()
-    real_get, raced = w.store.get, []
+    real_read, raced = w.store.read, []
 
-    def get_then_race(order_id):
-        state = real_get(order_id)
+    def read_then_race(order_id):
+        record = real_read(order_id)
         if not raced:
             raced.append(True)
             w.answer()  # reserve's response lands after our read
-        return state
+        return record
 
-    w.store.get = get_then_race
+    w.store.read = read_then_race
     done = cancel(w)
-    w.store.get = real_get
+    w.store.read = real_read
     assert done.verdict is CancelVerdict.RECORDED
     assert done.state.step == "charge"  # written on the row the response left
     w.answer()  # charge settles: undone, with reserve

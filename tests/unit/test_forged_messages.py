@@ -15,7 +15,8 @@ from datetime import timedelta
 
 import pytest
 
-from core import claims
+from adapters.order_cache import OrderCache
+from core import claims, lifecycle
 from core.models import (
     FIRST_CLAIM_PREFIX,
     AgentRequest,
@@ -23,14 +24,16 @@ from core.models import (
     Context,
     Nudge,
     OrderRequest,
+    OrderState,
     Outcome,
     ProcessState,
     first_claim_key,
 )
 from core.workflow import Kind
 from devtools.orders import order_dict
-from scheduler import dispatch
-from tests.unit.test_workflow import World
+from scheduler import cancellation, dispatch
+from supervisor import supervision
+from tests.unit.test_workflow import DEFAULTS, POLICY, World
 
 ETAG = "W/\"datetime'2026-11-24T23%3A25%3A17.1234567Z'\""
 
@@ -199,6 +202,259 @@ def test_a_seal_names_the_workflow_the_reply_to_and_the_document():
         first_claim_key("order", 1, None, "{}"), first_claim_key("order", 1, "replies", "{ }"),
     }
     assert len(keys) == 4 and all(k.startswith(FIRST_CLAIM_PREFIX) and len(k) < 60 for k in keys)
+
+
+def sealed(w: World, order_id: str = "o-1") -> bool:
+    return any(key.startswith(FIRST_CLAIM_PREFIX) for key in w.table.rows(order_id))
+
+
+def forgery(w: World, submitted: OrderState, document: str, order_id: str = "o-1") -> Nudge:
+    """What someone who can send to the scheduler's queue, and has read the row's current ETag and the order's
+    document, sends: the submission's snapshot (a new order's fields) with that ETag, and the real document."""
+    return Nudge(order_id=order_id, state=submitted.model_copy(update={"etag": w.state(order_id).etag}),
+                 document=document)
+
+
+def sweep(w: World) -> None:
+    """The supervisor's sweep at the world's clock (every index row old enough to be read)."""
+    supervision.sweep(store=w.store, publisher=w.publisher, nudger=w.nudger, policy=POLICY, now=w.now,
+                      alerts_queue="alerts")
+
+
+def test_a_forged_first_claim_after_a_first_claim_on_the_read_path_is_dropped():
+    """The review's first reproduction. The order's first claim is made on the read path (its nudge carries no
+    document: an order over 32 KiB, or a first claim that lost its race), its charge line claimed since (attempt
+    2); then the submission's snapshot with the row's current ETag and the real document. The seal went with that
+    first claim, so the transaction fails whole, and the row, read, tells the snapshot's contents are not its own:
+    the charge line stays at attempt 2 and no reserve request is sent again."""
+    w = World()
+    submitted, document = created(w)
+    request = dispatch.schedule(Nudge(order_id="o-1", state=submitted), scheduler=w.scheduler, now=w.now)
+    assert request is not None and request.attempt == 1 and not sealed(w)
+    w.answer()
+    row, sent = w.state(), w.sent()
+    assert (row.process_state, row.step, row.attempt) == (ProcessState.PROCESSING, "charge", 2)
+    assert dispatch.schedule(forgery(w, submitted, document), scheduler=w.scheduler, now=w.now) is None
+    assert w.state() == row and w.sent() == sent
+
+
+def test_a_forged_first_claim_after_a_cancel_of_a_never_claimed_order_starts_no_step():
+    """The review's second reproduction: a cancel recorded on an order never claimed, then a first-claim nudge
+    whose snapshot has no cancel (the submission's) with the row's current ETag. The cancel consumed the seal: the
+    nudge is dropped as forged, and the cancel's own nudge ends the order on the row, with no call anywhere."""
+    w = World()
+    submitted, document = created(w)
+    cancellation.cancel("o-1", reason="asked", by="ops", store=w.store, publisher=w.publisher, nudger=w.nudger,
+                        now=w.now)
+    assert not sealed(w)
+    row = w.state()
+    assert dispatch.schedule(forgery(w, submitted, document), scheduler=w.scheduler, now=w.now) is None
+    assert w.state() == row and w.publisher.requests == []
+    nudge, _ = w.nudger.nudges[-1]
+    assert dispatch.schedule(nudge, scheduler=w.scheduler, now=w.now) is None
+    assert w.state().process_state is ProcessState.COMPENSATED and w.publisher.requests == []
+
+
+def test_a_forged_first_claim_after_a_supervisor_renudge_is_decided_on_the_row():
+    """A never-claimed order whose nudge was lost: the supervisor re-nudges it (a write over a Pending row). The
+    seal goes with that write, so a first-claim nudge with the row's new ETag is decided on the row as read (one
+    partition query): what the row warrants, the first attempt of reserve with the order's own document."""
+    w = World()
+    submitted, document = created(w)
+    w.now = submitted.complete_by + timedelta(seconds=1)
+    sweep(w)
+    assert w.state().complete_by > w.now and not sealed(w)
+    nudge = forgery(w, submitted, document)
+    before = w.table.ops.copy()
+    request = dispatch.schedule(nudge, scheduler=w.scheduler, now=w.now)
+    assert w.table.ops - before == {"transaction": 1, "query": 1, "update": 1}  # the seal's 404, the read, the claim
+    assert request is not None and (request.step, request.attempt) == ("reserve", 1)
+    assert request.context.order == json.loads(document)
+
+
+def test_a_forged_first_claim_after_a_supervisor_retry_of_an_order_claimed_before_the_seal_went_with_writes():
+    """An order an older version claimed on the read path, leaving its seal: the supervisor resets its timed-out
+    reserve line (Pending, one failure) and, reading the partition before it writes, consumes the seal. The
+    submission's snapshot with the row's ETag is then dropped as forged, not claimed as attempt 1 again; the
+    supervisor's own nudge claims attempt 2."""
+    w = World()
+    submitted, document = created(w)
+    claim = lifecycle.claim(submitted, w.definition, "old", w.now, DEFAULTS, pending_timeout=POLICY.pending_timeout)
+    w.store.write(submitted, claim.state)  # the older version's read path: the state row only
+    assert sealed(w)
+    w.now = claim.state.complete_by + timedelta(seconds=1)
+    sweep(w)
+    row = w.state()
+    assert (row.process_state, row.attempt, row.failure_count) == (ProcessState.PENDING, 1, 1) and not sealed(w)
+    assert dispatch.schedule(forgery(w, submitted, document), scheduler=w.scheduler, now=w.now) is None
+    assert w.state() == row and w.publisher.requests == []
+    nudge, delay = w.nudger.nudges[-1]
+    w.now += delay
+    request = dispatch.schedule(nudge, scheduler=w.scheduler, now=w.now)
+    assert request is not None and (request.step, request.attempt) == ("reserve", 2)
+
+
+def test_a_first_claim_snapshot_that_names_a_cancel_is_not_a_new_orders():
+    """:func:`dispatch.pristine` pins every field a decision reads, the cancel's too: a snapshot naming a cancel
+    reason the row has not (the claim's fence would carry it, and the agent's true response be dropped as forged)
+    is decided on the row and dropped; the seal stays, and the submission's own nudge still claims with no read."""
+    w = World()
+    submitted, document = created(w)
+    for lie in ({"cancel_reason": "x"}, {"cancelled_by": "x"}, {"cancel_requested_at": w.now}):
+        assert dispatch.pristine(submitted) and not dispatch.pristine(submitted.model_copy(update=lie))
+    lying = Nudge(order_id="o-1", state=submitted.model_copy(update={"cancel_reason": "not the row's"}),
+                  document=document)
+    assert dispatch.schedule(lying, scheduler=w.scheduler, now=w.now) is None
+    assert w.publisher.requests == [] and sealed(w)
+    before = w.table.ops.copy()
+    first_claim(w, submitted, document)
+    assert w.table.ops - before == {"transaction": 1} and w.last.context.fence.cancel_reason is None
+
+
+def test_a_first_claim_writes_its_own_times_whatever_times_the_snapshot_names():
+    """The claim's MERGE writes what differs from its base. Were the base the snapshot, one naming the claim's own
+    CompleteBy and UpdatedAt (its times are not proven) would keep the row's creation times in their place, and the
+    row would time out before the request it sent may still act. The claim writes its times whatever the snapshot
+    says: the row holds the request's Complete-By."""
+    w = World()
+    submitted, document = created(w)
+    w.now += timedelta(seconds=5)
+    own = w.now + timedelta(seconds=DEFAULTS.timeout_seconds)
+    assert submitted.complete_by != own
+    lying = Nudge(order_id="o-1", state=submitted.model_copy(update={"complete_by": own, "updated_at": w.now}),
+                  document=document)
+    before = w.table.ops.copy()
+    request = dispatch.schedule(lying, scheduler=w.scheduler, now=w.now)
+    assert w.table.ops - before == {"transaction": 1}
+    row = w.state()
+    assert request is not None and row.complete_by == request.complete_by == own and row.updated_at == w.now
+
+
+def cached_world() -> World:
+    return World(cache=OrderCache(max_age=timedelta(minutes=10)))
+
+
+def submitted_here(w: World) -> tuple[OrderState, str]:
+    """An order this scheduler's process submitted: its creation kept in the cache, as scheduler.submission does."""
+    order = OrderRequest.model_validate(order_dict("o-1", lines=1))
+    made = w.store.create_order(
+        order, workflow=w.definition, reply_to="replies", now=w.now, pending_timeout=POLICY.pending_timeout
+    )
+    w.scheduler.cache.put(made.record, w.now)
+    return made.state, order.document()
+
+
+def first_claim(w: World, submitted: OrderState, document: str) -> None:
+    dispatch.schedule(Nudge(order_id="o-1", state=submitted, document=document), scheduler=w.scheduler, now=w.now)
+
+
+def claim_on_a_read(w: World, submitted: OrderState, document: str) -> None:
+    dispatch.schedule(Nudge(order_id="o-1", state=submitted), scheduler=w.scheduler, now=w.now)
+
+
+def cancel(w: World, *_) -> None:
+    cancellation.cancel("o-1", reason="asked", by="ops", store=w.store, publisher=w.publisher, nudger=w.nudger,
+                        now=w.now)
+
+
+def renudge(w: World, submitted: OrderState, _document: str) -> None:
+    w.now = submitted.complete_by + timedelta(seconds=1)
+    sweep(w)
+
+
+@pytest.mark.parametrize(
+    ("world", "submit", "write"),
+    [(World, created, first_claim), (cached_world, submitted_here, first_claim), (World, created, claim_on_a_read),
+     (World, created, cancel), (World, created, renudge)],
+    ids=["first claim from the nudge", "first claim on the rows this process wrote", "claim on a read", "cancel",
+         "supervisor re-nudge"],
+)
+def test_the_first_write_over_an_order_deletes_its_seal_in_the_same_transaction(world, submit, write):
+    w = world()
+    submitted, document = submit(w)
+    record = w.store.read("o-1")
+    assert record.seal == first_claim_key(submitted.workflow, submitted.workflow_version, "replies", document)
+    etag = record.state.etag
+    write(w, submitted, document)
+    assert w.state().etag != etag and not sealed(w) and w.store.read("o-1").seal is None
+    if w.scheduler.cache is not None:
+        assert w.scheduler.cache.get("o-1", w.now) == w.store.read("o-1")  # as a read shows it: no seal
+
+
+def claimed_by_an_older_version(w: World) -> tuple[OrderState, str, OrderState]:
+    """An order an older version claimed on its read path, which wrote the state row only: the seal is left."""
+    submitted, document = created(w)
+    claim = lifecycle.claim(submitted, w.definition, "old", w.now, DEFAULTS, pending_timeout=POLICY.pending_timeout)
+    claimed = w.store.write(submitted, claim.state)
+    assert sealed(w)
+    return submitted, document, claimed
+
+
+def answered(w: World, claimed: OrderState, document: str) -> None:
+    response = AgentResponse(
+        order_id="o-1", step="reserve", kind=Kind.ACTION, attempt=claimed.attempt, outcome=Outcome.SUCCEEDED,
+        result={"confirmation": "r-1"}, context=Context(fence=claimed, order=json.loads(document), results={}),
+    )
+    assert dispatch.record(response, scheduler=w.scheduler, now=w.now) is not None
+
+
+def reset(w: World, claimed: OrderState, _document: str) -> None:
+    w.now = claimed.complete_by + timedelta(seconds=1)
+    sweep(w)
+
+
+def resubmitted(w: World, claimed: OrderState, _document: str) -> None:
+    w.store.write(claimed, lifecycle.fail(claimed, "stopped by an older version", w.now))  # its write: no seal deleted
+    supervision.resubmit("o-1", store=w.store, nudger=w.nudger, now=w.now, pending_timeout=POLICY.pending_timeout)
+
+
+@pytest.mark.parametrize("write", [answered, cancel, reset, resubmitted])
+def test_a_seal_an_older_version_left_goes_with_the_next_write(write):
+    """Orders written before every write deleted the seal may hold one on a row long claimed; the next write over
+    them, whoever writes, deletes it, so the submission's snapshot with the row's ETag cannot claim them again."""
+    w = World()
+    submitted, document, claimed = claimed_by_an_older_version(w)
+    write(w, claimed, document)
+    assert not sealed(w)
+    row, sent = w.state(), len(w.publisher.requests)
+    assert dispatch.schedule(forgery(w, submitted, document), scheduler=w.scheduler, now=w.now) is None
+    assert w.state() == row and len(w.publisher.requests) == sent
+
+
+def without_its_seal(w: World) -> tuple[OrderState, str]:
+    """A new order as written before submission wrote a seal: Pending, never claimed, no seal row."""
+    submitted, document = created(w)
+    w.table.delete_entity("o-1", w.store.read("o-1").seal)
+    return submitted, document
+
+
+@pytest.mark.parametrize(("write", "failed"), [(first_claim, 1), (cancel, 0), (renudge, 0)],
+                         ids=["first claim", "cancel", "supervisor re-nudge"])
+def test_a_new_order_without_a_seal_is_written_once_after_a_read(write, failed):
+    """A row that looks new but has no seal (an order written before seals were): the first claim's transaction
+    fails once (404), and it and every other writer go on the partition as read, which shows no seal to delete:
+    no loop of 404s, one write (a single MERGE) each."""
+    w = World()
+    submitted, document = without_its_seal(w)
+    before = w.table.ops.copy()
+    write(w, submitted, document)
+    used = w.table.ops - before
+    assert (used["transaction"], used["update"]) == (failed, 1), used
+    assert w.state().etag != submitted.etag
+
+
+def test_a_cached_creation_whose_seal_is_gone_is_claimed_after_one_failed_transaction():
+    """The process's own creation says the seal is there, the partition no longer has it (a write of an older
+    version, or an operator): the cached claim's transaction fails (404), the entry is dropped, and the claim is
+    made on a read, once."""
+    w = cached_world()
+    submitted, document = submitted_here(w)
+    w.table.delete_entity("o-1", w.store.read("o-1").seal)
+    before = w.table.ops.copy()
+    first_claim(w, submitted, document)
+    assert w.table.ops - before == {"transaction": 1, "query": 1, "update": 1}  # the 404, a read, the claim
+    assert w.state().process_state is ProcessState.PROCESSING and w.state().attempt == 1
+    assert len(w.publisher.requests) == 1
 
 
 def reason(check, message, **paths) -> str | None:

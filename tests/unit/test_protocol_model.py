@@ -1,8 +1,9 @@
 """The protocol, model-checked: a Hypothesis state machine explores interleavings of
 submissions, two competing schedulers, agents, two overlapping supervisors, crashes,
-lost, duplicated, delayed and stale messages, a breaker opening and closing, the clock,
-an operator's resubmits and cancels, approvals and rejections of orders on the approval
-workflow (``order-approval``: a waiting step), over the REAL code:
+lost, duplicated, delayed and stale messages, a forger's first-claim nudges, a breaker
+opening and closing, the clock, an operator's resubmits and cancels, approvals and
+rejections of orders on the approval workflow (``order-approval``: a waiting step), over
+the REAL code:
 ``scheduler.submission.submit``, ``scheduler.dispatch.schedule`` / ``record``,
 ``supervisor.supervision.sweep`` / ``resubmit``, ``scheduler.cancellation.cancel``,
 ``scheduler.events.receive_message``, ``agents.agent.run`` and
@@ -59,6 +60,7 @@ from core import liveness, retention
 from core.lifecycle import SupervisorPolicy
 from core.liveness import Timing
 from core.models import (
+    FIRST_CLAIM_PREFIX,
     AgentRequest,
     AgentResponse,
     LineState,
@@ -422,6 +424,8 @@ class ProtocolModel(RuleBasedStateMachine):
         self.answered: set[tuple[str, int]] = set()
         #: order -> every state a nudge carried (stale snapshots for the schedulers).
         self.snapshots: dict[str, list[OrderState]] = {}
+        #: order -> writes of its state row so far (its creation the first).
+        self.state_writes: Counter[str] = Counter()
         #: (order, attempt) -> (step, kind, complete-by) of every agent request ever sent.
         self.attempts: dict[tuple[str, int], tuple[str, Kind, datetime]] = {}
         #: (order, step) of every action request ever sent, and of every action claimed
@@ -484,7 +488,14 @@ class ProtocolModel(RuleBasedStateMachine):
         self.counts["requests"] += 1
 
     def state_written(self, order_id: str) -> None:
-        row = self.memory.rows(order_id)["state"]
+        rows = self.memory.rows(order_id)
+        row = rows["state"]
+        self.state_writes[order_id] += 1
+        # The first-claim seal lives only while the state row is as the submission wrote it: the
+        # first write over the order, whoever writes it, deletes the seal in its transaction.
+        assert self.state_writes[order_id] == 1 or not any(key.startswith(FIRST_CLAIM_PREFIX) for key in rows), (
+            f"{order_id}: write {self.state_writes[order_id]} of the state row left the first-claim seal"
+        )
         waiting = row.get("Step") in {s.name for s in self.workflows[order_id].steps if s.waiting}
         if row["ProcessState"] == ProcessState.PROCESSING.value and row["Kind"] == Kind.ACTION.value and not waiting:
             self.actions_claimed.add((order_id, row["Step"]))
@@ -657,6 +668,32 @@ class ProtocolModel(RuleBasedStateMachine):
         request = dispatch.schedule(nudge, scheduler=self.schedulers[instance], now=self.now)
         self.say(f"{self.now:%H:%M:%S} {instance} takes a stale nudge {order_id} "
              f"({snapshot.process_state.value} attempt {snapshot.attempt}): {'claimed' if request else 'nothing'}")
+
+    @precondition(lambda self: any("state" in self.rows(o) for o in self.order_ids))
+    @rule(pick=st.integers(0, 7), instance=st.sampled_from(SCHEDULERS))
+    def schedule_forged_first_claim(self, pick, instance):
+        """Someone who can send to the scheduler's queue, and has read the row's current ETag and
+        the order's document, sends a first-claim nudge: a new order's snapshot with that ETag and
+        the real document. Only a row still as its submission wrote it may be claimed by it (the
+        seal proves that); any other is decided on as read, where the snapshot is forged."""
+        written = [o for o in self.order_ids if "state" in self.rows(o)]
+        order_id = written[pick % len(written)]
+        row, before, sent = self.state(order_id), self.rows(order_id), len(self.net.messages)
+        new = self.workflow_of(order_id).steps[0].name
+        snapshot = row.model_copy(update={
+            "process_state": ProcessState.PENDING, "step_index": 0, "kind": Kind.ACTION, "step": new, "attempt": 0,
+            "failure_count": 0, "postponements": 0, "plan": (), "failed": (), "gave_up": False, "max_failures": None,
+            "locked_by": None, "cause": None, "last_error": None, "cancel_requested_at": None, "cancel_reason": None,
+            "cancelled_by": None,
+        })
+        nudge = Nudge(order_id=order_id, state=snapshot, document=before["order"]["Document"])
+        request = dispatch.schedule(nudge, scheduler=self.schedulers[instance], now=self.now)
+        if not dispatch.pristine(row):
+            assert request is None and self.rows(order_id) == before and len(self.net.messages) == sent, (
+                f"{order_id}: a forged first-claim nudge moved a row that was not a new order's: {row!r}"
+            )
+        self.say(f"{self.now:%H:%M:%S} {instance} takes a forged first-claim nudge for {order_id} "
+                 f"({row.process_state.value} attempt {row.attempt}): {'claimed' if request else 'nothing'}")
 
     # An agent takes a request and calls its remote, which answers, refuses, applies but
     # loses the answer, or is never reached before Complete-By; an open breaker postpones
