@@ -163,6 +163,7 @@ def test_an_idle_connection_the_server_closed_is_replaced_and_failures_are_the_s
     assert http.request("GET", "/", {}, None).body == b"ok"
     eventually(lambda: server.closed == 1, what="the server closing the kept connection")
     assert http.request("GET", "/", {}, None).body == b"ok"
+    eventually(lambda: server.closed == 2, what="the server closing the second one")
     with pytest.raises(ServiceResponseError):
         http.request("DELETE", "/m", {}, None)
     with pytest.raises(ServiceResponseError):
