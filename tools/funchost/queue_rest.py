@@ -4,7 +4,7 @@ Every poll of every storage-queue listener is one Get Messages request, empty mo
 time; through the SDK (``QueueClient.receive_messages`` and its pager, azure-core's
 pipeline, the generated deserializer, ``requests``) one empty poll cost this host 1.16 ms
 of CPU against Azurite, the same request built and signed here and sent on a urllib3
-connection pool 0.30 ms, and on a kept-alive connection of :class:`HttpConnections` 0.07 ms
+connection pool 0.28-0.30 ms, on a kept-alive connection of :class:`HttpConnections` 0.11-0.13 ms
 (BENCHMARKS.md, "Where the CPU goes, and what was cut"): the tool's own few lines
 of HTTP/1.1, the request written in one ``sendall``, the answer's status line, headers and
 body (``Content-Length``, chunked, or to the end of the connection) read from the socket,
