@@ -11,12 +11,12 @@ function running, or waiting for a worker thread), its lock is renewed at half-l
 to host.json ``maxAutoLockRenewalDuration`` from its receipt, as the host's processor does.
 
 No thread waits for each invocation: the thread that ran the function only tells the pump
-that it returned; the pump logs the invocation and settles its message between receive
-calls, and one of this trigger's threads first sends the function's output bindings when
-it has any (network calls the pump must not wait for). Before, a thread per message in
-flight waited for the worker and handed the result on: two more thread switches per
-message, ~2 ms of the host's CPU per order of the project's app (BENCHMARKS.md, "Where the
-CPU goes, and what was cut").
+that it returned, and the pump logs the invocation and settles its message between receive
+calls; a function with output bindings is finished at once on one of this trigger's threads
+instead (its outputs sent, then its result handed to the pump), so its outputs never wait
+for the pump's receive call to end. Before, a thread per message in flight waited for the
+worker and handed the result on: two more thread switches per message, ~2 ms of the host's
+CPU per order of the project's app (BENCHMARKS.md, "Where the CPU goes, and what was cut").
 
 The function gets what the Functions host and the Python worker would hand it for the
 message (``servicebus_message``, from the bytes the broker sent: ``servicebus_wire``).
@@ -297,7 +297,9 @@ class ServiceBusTriggerListener(Listener):
             if isinstance(trigger, _Outcome):
                 self._results.put((delivery, trigger))
                 return
-            delivery.running = self.invoker.start(self.spec, trigger, on_return=lambda _: self._returned(delivery))
+            delivery.running = self.invoker.start(
+                self.spec, trigger, on_return=lambda running: self._returned(delivery, running)
+            )
         except Exception:  # never lose a message: the pump settles every one it dispatched
             log.exception("%s: handling message %s failed", self.name, _shown_id(message))
             self._results.put((delivery, _ABANDON))
@@ -319,23 +321,31 @@ class ServiceBusTriggerListener(Listener):
         details = f"queue={self.queue_name} message_id={shown} delivery_count={rich.delivery_count}"
         return TriggerValue(rich, converted.body, details)
 
-    def _returned(self, delivery: _Delivery) -> None:
-        """On the thread that ran the function (the worker's): tell the pump, nothing more."""
+    def _returned(self, delivery: _Delivery, running: Running) -> None:
+        """On the thread that ran the function (the worker's): an invocation with outputs to send
+        goes to one of this trigger's threads at once (its outputs must not wait for the pump's
+        receive call to end: on a quiet queue that is up to RECEIVE_WAIT_SECONDS, and the next
+        function waits for them); any other, to the pump, which finishes and settles it."""
+        if running.sends_outputs:
+            try:
+                self._executor.submit(self._finish_sending, delivery, running)
+                return
+            except RuntimeError:  # shutting down: the pump finishes it (outputs included) or abandons it
+                pass
         self._results.put((delivery, None))
         self._result_signal.set()
 
-    def _finish(self, delivery: _Delivery) -> _Outcome:
+    def _finish(self, delivery: _Delivery, running: Running) -> _Outcome:
         """The host's part of the invocation (outputs, the log line), then how to settle its message."""
         try:
-            assert delivery.running is not None
-            return _COMPLETE if self.invoker.finish(delivery.running).succeeded else _ABANDON
+            return _COMPLETE if self.invoker.finish(running).succeeded else _ABANDON
         except Exception:  # never lose a result: abandon, it comes back
             log.exception("%s: handling message %s failed", self.name, _shown_id(delivery.message))
             return _ABANDON
 
-    def _finish_sending(self, delivery: _Delivery) -> None:
+    def _finish_sending(self, delivery: _Delivery, running: Running) -> None:
         """On one of this trigger's threads: finish an invocation that has outputs to send."""
-        self._results.put((delivery, self._finish(delivery)))
+        self._results.put((delivery, self._finish(delivery, running)))
         self._result_signal.set()
 
     def _cannot_convert(self, delivery: _Delivery, error: ConversionError) -> _Outcome:
@@ -393,12 +403,9 @@ class ServiceBusTriggerListener(Listener):
                 delivery, outcome = self._results.get_nowait()
             except queue.Empty:
                 return
-            if outcome is None:  # its function returned
+            if outcome is None:  # its function returned (with outputs only while shutting down)
                 assert delivery.running is not None
-                if delivery.running.sends_outputs:
-                    self._executor.submit(self._finish_sending, delivery)
-                    continue
-                outcome = self._finish(delivery)
+                outcome = self._finish(delivery, delivery.running)
             if self._in_flight.pop(id(delivery), None) is None:
                 continue  # already abandoned at the drain deadline
             if delivery.receiver is not receiver:
