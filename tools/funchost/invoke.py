@@ -11,6 +11,10 @@
   the trigger (the host's side) keeps its message locked. See README "Concurrency".
 - Output values are sent only after the function returned; nothing is sent when it
   raised. A failure to send fails the invocation, so the trigger message is retried.
+- :meth:`Invoker.invoke` runs one invocation and waits for it; :meth:`Invoker.start` hands
+  the function to the worker and returns, telling the caller when the function has
+  returned, and :meth:`Invoker.finish` then does the host's part (outputs, the log line),
+  so that a trigger need not keep a thread of its own waiting for each invocation.
 - An ``http`` output (an HTTP trigger's response) is not sent anywhere: it is encoded
   by the worker's own converter (``azure.functions.http.HttpResponseConverter``, which
   refuses what the worker refuses, failing the invocation) and handed back in the
@@ -140,8 +144,8 @@ class AsyncRunner:
         asyncio.set_event_loop(self._loop)
         self._loop.run_forever()
 
-    def run(self, coroutine) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+    def submit(self, coroutine) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
     def close(self) -> None:
         if self._loop.is_running():
@@ -208,7 +212,13 @@ class Worker:
     def run_sync(self, function: Callable[..., Any], args: dict[str, Any], context: Context, cpu: CpuTime) -> Any:
         """Run a plain function on the shared pool and wait for it (queued while every thread is busy);
         adds the CPU time its thread spent in it to ``cpu``."""
-        return self._pool.submit(self._call_sync, function, args, context, cpu).result()
+        return self.submit_sync(function, args, context, cpu).result()
+
+    def submit_sync(
+        self, function: Callable[..., Any], args: dict[str, Any], context: Context, cpu: CpuTime
+    ) -> concurrent.futures.Future:
+        """:meth:`run_sync` without waiting: the future of its result."""
+        return self._pool.submit(self._call_sync, function, args, context, cpu)
 
     @staticmethod
     def _call_sync(function: Callable[..., Any], args: dict[str, Any], context: Context, cpu: CpuTime) -> Any:
@@ -219,12 +229,17 @@ class Worker:
             return function(**args)
         finally:
             cpu.seconds += time.thread_time() - started
+            cpu.returned = time.monotonic()
             context.thread_local_storage.invocation_id = None
 
     def run_async(self, coroutine, cpu: CpuTime) -> Any:
         """Run a coroutine on the event loop and wait for it; adds the CPU time the loop's thread
         spent stepping it to ``cpu``."""
-        return self._runner.run(_timed(coroutine, cpu))
+        return self.submit_async(coroutine, cpu).result()
+
+    def submit_async(self, coroutine, cpu: CpuTime) -> concurrent.futures.Future:
+        """:meth:`run_async` without waiting: the future of its result."""
+        return self._runner.submit(_timed(coroutine, cpu))
 
     def close(self) -> None:
         """Drop what still waits for a thread (its messages are abandoned or released by then) and stop the loop."""
@@ -234,9 +249,11 @@ class Worker:
 
 @dataclass
 class CpuTime:
-    """CPU seconds one invocation's function used (written by the thread that ran it)."""
+    """CPU seconds one invocation's function used, and when it returned (``time.monotonic()``);
+    written by the thread that ran it."""
 
     seconds: float = 0.0
+    returned: float = 0.0
 
 
 class _TimedSteps:
@@ -254,7 +271,11 @@ class _TimedSteps:
             try:
                 awaited = send(value)
             except StopIteration as done:
+                self._cpu.returned = time.monotonic()
                 return done.value
+            except BaseException:
+                self._cpu.returned = time.monotonic()
+                raise
             finally:
                 self._cpu.seconds += time.thread_time() - started
             try:
@@ -295,6 +316,25 @@ class Outcome:
     http: Any = None
 
 
+@dataclass
+class Running:
+    """An invocation handed to the worker by :meth:`Invoker.start`; :meth:`Invoker.finish` it once
+    ``future`` is done."""
+
+    spec: FunctionSpec
+    trigger: TriggerValue
+    invocation_id: str
+    started: float
+    cpu: CpuTime
+    outs: dict[str, Out]
+    future: concurrent.futures.Future
+
+    @property
+    def sends_outputs(self) -> bool:
+        """Whether finishing it may send output bindings (network calls: not on a thread that must not block)."""
+        return any(binding.type != HTTP_OUTPUT for binding in self.spec.outputs)
+
+
 class Invoker:
     """Runs invocations: binds arguments, calls, sends outputs, logs one line per invocation."""
 
@@ -304,21 +344,18 @@ class Invoker:
         self._function_directory = function_directory
 
     def invoke(self, spec: FunctionSpec, trigger: TriggerValue) -> Outcome:
+        """Run one invocation to its end (the calling thread waits while the worker runs the function)."""
+        running = self.start(spec, trigger)
+        concurrent.futures.wait([running.future])
+        return self.finish(running)
+
+    def start(
+        self, spec: FunctionSpec, trigger: TriggerValue, on_return: Callable[[Running], None] | None = None
+    ) -> Running:
+        """Hand the function to the worker and return; ``on_return(running)`` is called on the thread that ran
+        it once it has returned or raised (keep it short: that thread is the worker's)."""
         invocation_id = str(uuid.uuid4())
         started = time.monotonic()
-        error: BaseException | None = None
-        http = None
-        cpu = CpuTime()
-        try:
-            http = self._call(spec, trigger, invocation_id, cpu)
-        except Exception as caught:  # the function's failure is the invocation's outcome, never the host's
-            error = caught
-        duration = time.monotonic() - started
-        outcome = Outcome(invocation_id, error is None, duration, error, http=http if error is None else None, cpu=cpu.seconds)
-        self._log(spec, trigger, outcome)
-        return outcome
-
-    def _call(self, spec: FunctionSpec, trigger: TriggerValue, invocation_id: str, cpu: CpuTime) -> Any:
         args: dict[str, Any] = {}
         outs: dict[str, Out] = {}
         context = Context(invocation_id, spec.name, self._function_directory)
@@ -329,13 +366,48 @@ class Invoker:
                 outs[param.name] = args[param.name] = Out()
             else:
                 args[param.name] = context
+        cpu = CpuTime()
         # The calling thread is the trigger's (the host's side); the function runs in the worker.
-        if spec.is_async:
-            result = self._worker.run_async(spec.user_function(**args), cpu)
-        else:
-            result = self._worker.run_sync(spec.user_function, args, context, cpu)
+        try:
+            if spec.is_async:
+                future = self._worker.submit_async(spec.user_function(**args), cpu)
+            else:
+                future = self._worker.submit_sync(spec.user_function, args, context, cpu)
+        except Exception as error:  # calling an async def can raise at once (its arguments)
+            future = concurrent.futures.Future()
+            future.set_exception(error)
+        running = Running(spec, trigger, invocation_id, started, cpu, outs, future)
+        if on_return is not None:
+            future.add_done_callback(lambda _: on_return(running))
+        return running
+
+    def finish(self, running: Running) -> Outcome:
+        """The host's part once the function returned: its outputs sent (only if it succeeded), the log line."""
+        http = None
+        try:
+            error = running.future.exception()
+        except concurrent.futures.CancelledError as cancelled:  # dropped from the pool's queue at shutdown
+            error = cancelled
+        ended = running.cpu.returned or time.monotonic()
+        if error is None:
+            try:
+                http = self._send_outputs(running)
+            except Exception as caught:  # a refused HTTP response or a failed send fails the invocation
+                error = caught
+            if running.sends_outputs:
+                ended = time.monotonic()
+        outcome = Outcome(
+            running.invocation_id, error is None, ended - running.started, error,
+            http=http if error is None else None, cpu=running.cpu.seconds,
+        )
+        self._log(running.spec, running.trigger, outcome)
+        return outcome
+
+    def _send_outputs(self, running: Running) -> Any:
+        result = running.future.result()
         values = [
-            (binding, result if binding.name == "$return" else outs[binding.name].get()) for binding in spec.outputs
+            (binding, result if binding.name == "$return" else running.outs[binding.name].get())
+            for binding in running.spec.outputs
         ]
         http = None
         for binding, value in values:

@@ -17,9 +17,11 @@ class Listener:
 
     The listener is the Functions host's side: it holds up to its trigger's limit of
     invocations in flight (host.json ``maxConcurrentCalls``, ``batchSize`` +
-    ``newBatchThreshold``, one timer run), each waiting in one of its own threads while
-    the worker runs the function (sync ones on the worker's shared thread pool, where
-    they may queue; async ones on its event loop), and keeps their messages locked.
+    ``newBatchThreshold``, one timer run) while the worker runs the functions (sync ones
+    on the worker's shared thread pool, where they may queue; async ones on its event
+    loop), and keeps their messages locked. The Service Bus and storage-queue triggers hand
+    each function to the worker and are told when it returns, as the Functions host hands
+    an invocation to the worker; a timer run and an HTTP request wait in their own thread.
 
     ``start()`` prepares (creates queues, ...) and starts the thread; ``ready`` is set
     once the listener is receiving. ``stop(deadline)`` stops taking new work; in-flight

@@ -4,16 +4,22 @@ Every poll of every storage-queue listener is one Get Messages request, empty mo
 time; through the SDK (``QueueClient.receive_messages`` and its pager, azure-core's
 pipeline, the generated deserializer, ``requests``) one empty poll cost this host 1.16 ms
 of CPU against Azurite, the same request built and signed here and sent on a urllib3
-connection pool 0.30 ms (500 polls each, issue 21; BENCHMARKS.md, "Where the CPU goes, and
-what was cut"). The requests are the ones the SDK sends, with the same API version and
+connection pool 0.28-0.30 ms, on a kept-alive connection of :class:`HttpConnections` 0.11-0.13 ms
+(BENCHMARKS.md, "Where the CPU goes, and what was cut"): the tool's own few lines
+of HTTP/1.1, the request written in one ``sendall``, the answer's status line, headers and
+body (``Content-Length``, chunked, or to the end of the connection) read from the socket,
+where urllib3 added its pool's bookkeeping and ``http.client`` parses headers with the
+``email`` package. The requests are the ones the SDK sends, with the same API version and
 Shared Key signature, so the queue service sees the same calls: what the trigger receives,
 deletes and leaves visible does not change.
 
 Only a connection with an account key takes this path (Azurite, a connection string);
 anything else (SAS, ``DefaultAzureCredential``) keeps the SDK client (:func:`lean_queue`
 returns None). Errors are the SDK's types, so the listener handles both alike: 404 raises
-``ResourceNotFoundError``, another refusal ``HttpResponseError``, a refused or dropped
-connection ``ServiceRequestError`` / ``ServiceResponseError``. A delete and a send are retried
+``ResourceNotFoundError``, another refusal ``HttpResponseError``; no connection (refused,
+unreachable, a connect timeout) ``ServiceRequestError``: never sent; a connection dropped or
+timed out once the request was on it, or an answer that is not HTTP, ``ServiceResponseError``:
+maybe applied (as urllib3's errors mapped before). A delete and a send are retried
 as the Functions host's SDK client retries them (a dropped connection, 408, 429, 5xx: three
 more tries, 0.8 s doubling: Azure.Core's ``RetryOptions`` defaults, azure-sdk-for-net
 ``sdk/core/Azure.Core/src/RetryOptions.cs``, read 2026-11-25); a poll is not (its listener
@@ -25,13 +31,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import socket
+import ssl
+import threading
 import time
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from email.utils import formatdate, parsedate_to_datetime
 from urllib.parse import quote, unquote, urlsplit
 from xml.sax.saxutils import escape
 
-import urllib3
 from azure.core.exceptions import (
     HttpResponseError,
     ResourceNotFoundError,
@@ -39,9 +48,10 @@ from azure.core.exceptions import (
     ServiceResponseError,
 )
 from azure.storage.queue import QueueClient, QueueMessage
+from urllib3.util.wait import wait_for_read
 
 #: The SDK's transport timeouts (azure-core: 20 s to connect, 60 s to read).
-TIMEOUT = urllib3.Timeout(connect=20, read=60)
+CONNECT_TIMEOUT, READ_TIMEOUT = 20.0, 60.0
 #: Retries of a delete or a send, and the first wait before one (doubling): Azure.Core's RetryOptions defaults.
 RETRIES = 3
 RETRY_DELAY = 0.8
@@ -59,9 +69,7 @@ class LeanQueue:
         self._account = account_name
         self._key = base64.b64decode(account_key)
         self._version = api_version
-        self._pool = urllib3.connection_from_url(
-            f"{parts.scheme}://{parts.netloc}", maxsize=pool_size, block=False, retries=False, timeout=TIMEOUT
-        )
+        self._http = HttpConnections(parts.scheme, parts.netloc, pool_size)
 
     def receive(self, count: int, visibility_timeout: int) -> list[QueueMessage]:
         """Get Messages: up to ``count`` messages, each hidden for ``visibility_timeout`` seconds."""
@@ -94,7 +102,7 @@ class LeanQueue:
             delay *= 2
 
     def close(self) -> None:
-        self._pool.close()
+        self._http.close()
 
     def _request(self, method: str, path: str, query: dict[str, str], *, ok: int, body: bytes | None = None) -> bytes:
         date = formatdate(usegmt=True)
@@ -106,17 +114,10 @@ class LeanQueue:
         url = self._path + path
         if query:
             url += "?" + "&".join(f"{name}={quote(value, safe='')}" for name, value in query.items())
-        try:
-            response = self._pool.urlopen(
-                method, url, body=body, headers=headers, redirect=False, preload_content=True
-            )
-        except (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError) as error:
-            raise ServiceRequestError(str(error), error=error) from error
-        except urllib3.exceptions.HTTPError as error:
-            raise ServiceResponseError(str(error), error=error) from error
-        if response.status != ok:
-            raise _refusal(response)
-        return response.data
+        answer = self._http.request(method, url, headers, body)
+        if answer.status != ok:
+            raise _refusal(answer)
+        return answer.body
 
     def _sign(self, method: str, path: str, query: dict[str, str], headers: dict[str, str], length: int,
               content_type: str) -> str:
@@ -130,14 +131,196 @@ class LeanQueue:
         return base64.b64encode(hmac.new(self._key, to_sign.encode("utf-8"), hashlib.sha256).digest()).decode()
 
 
-def _refusal(response: urllib3.BaseHTTPResponse) -> HttpResponseError:
-    code = response.headers.get("x-ms-error-code", "")
-    message = f"{response.status} {response.reason}: {code}".rstrip(": ")
-    error_type = ResourceNotFoundError if response.status == 404 else HttpResponseError
+def _refusal(answer: Answer) -> HttpResponseError:
+    code = answer.headers.get("x-ms-error-code", "")
+    message = f"{answer.status} {answer.reason}: {code}".rstrip(": ")
+    error_type = ResourceNotFoundError if answer.status == 404 else HttpResponseError
     error = error_type(message=message)
-    error.status_code = response.status
+    error.status_code = answer.status
     error.error_code = code or None
     return error
+
+
+# --- HTTP/1.1 ------------------------------------------------------------------------------
+
+_MAX_HEAD = 64 * 1024
+
+
+class NotHttp(ValueError):
+    """The peer's answer is not HTTP/1.x as this client reads it."""
+
+
+@dataclass
+class Answer:
+    status: int
+    reason: str
+    headers: dict[str, str]  # names in lower case; a repeated header's values joined with ", "
+    body: bytes
+    keep_alive: bool
+
+
+class HttpConnections:
+    """HTTP/1.1 requests to one endpoint on connections kept alive, at most ``pool_size`` of them
+    idle (more are opened when all are busy, and closed after their request); thread-safe.
+
+    An idle connection the server closed (Azurite lets one go after 5 s) is dropped before
+    reuse, as urllib3's pool does. Failures are azure-core's errors for the same event:
+    ``ServiceRequestError`` when no connection could be opened, ``ServiceResponseError`` once
+    the request may have reached the server.
+    """
+
+    def __init__(self, scheme: str, netloc: str, pool_size: int) -> None:
+        parts = urlsplit(f"{scheme}://{netloc}")
+        self._address = (parts.hostname or "", parts.port or (443 if scheme == "https" else 80))
+        self._host = netloc
+        self._tls = ssl.create_default_context() if scheme == "https" else None
+        self._pool_size = pool_size
+        self._idle: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def request(self, method: str, target: str, headers: dict[str, str], body: bytes | None) -> Answer:
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host}", "Accept-Encoding: identity"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        if body or method in ("POST", "PUT", "PATCH"):
+            lines.append(f"Content-Length: {len(body or b'')}")
+        message = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+        connection = self._take()
+        try:
+            connection.sendall(message)
+            answer = _read_answer(connection)
+        except (OSError, NotHttp) as error:
+            connection.close()
+            raise ServiceResponseError(f"{type(error).__name__}: {error}", error=error) from error
+        except BaseException:
+            connection.close()
+            raise
+        if answer.keep_alive:
+            self._give_back(connection)
+        else:
+            connection.close()
+        return answer
+
+    def _take(self) -> socket.socket:
+        with self._lock:
+            while self._idle:
+                connection = self._idle.pop()
+                if not wait_for_read(connection, timeout=0.0):
+                    return connection
+                connection.close()  # closed by the server while idle (or it sent something unasked)
+        try:
+            connection = socket.create_connection(self._address, timeout=CONNECT_TIMEOUT)
+        except OSError as error:
+            raise ServiceRequestError(f"{type(error).__name__}: {error}", error=error) from error
+        try:
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                connection = self._tls.wrap_socket(connection, server_hostname=self._address[0])
+        except OSError as error:
+            connection.close()
+            raise ServiceRequestError(f"{type(error).__name__}: {error}", error=error) from error
+        connection.settimeout(READ_TIMEOUT)
+        return connection
+
+    def _give_back(self, connection: socket.socket) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < self._pool_size:
+                self._idle.append(connection)
+                return
+        connection.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle, self._closed = self._idle, [], True
+        for connection in idle:
+            connection.close()
+
+
+class _Buffered:
+    """What was read from a connection and not used yet."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        self._connection = connection
+        self.data = bytearray()
+
+    def more(self) -> bool:
+        chunk = self._connection.recv(65536)
+        self.data += chunk
+        return bool(chunk)
+
+    def until(self, marker: bytes, limit: int) -> bytes:
+        """The bytes before ``marker`` (consumed with it)."""
+        while (end := self.data.find(marker)) < 0:
+            if len(self.data) > limit:
+                raise NotHttp("a line or header block too long")
+            if not self.more():
+                raise ConnectionError("the connection closed before the answer ended")
+        found = bytes(self.data[:end])
+        del self.data[: end + len(marker)]
+        return found
+
+    def exactly(self, count: int) -> bytes:
+        while len(self.data) < count:
+            if not self.more():
+                raise ConnectionError("the connection closed before the answer ended")
+        found = bytes(self.data[:count])
+        del self.data[:count]
+        return found
+
+
+def _read_answer(connection: socket.socket) -> Answer:
+    reader = _Buffered(connection)
+    while True:
+        head = reader.until(b"\r\n\r\n", _MAX_HEAD).decode("latin-1").split("\r\n")
+        version, _, rest = head[0].partition(" ")
+        code, _, reason = rest.partition(" ")
+        if not version.startswith("HTTP/1.") or not (len(code) == 3 and code.isdigit()):
+            raise NotHttp(f"not an HTTP/1.x status line: {head[0][:80]!r}")
+        status = int(code)
+        headers: dict[str, str] = {}
+        for line in head[1:]:
+            name, colon, value = line.partition(":")
+            if not colon:
+                raise NotHttp(f"not a header line: {line[:80]!r}")
+            name, value = name.strip().lower(), value.strip()
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        if status >= 200:
+            break  # an interim 1xx answer (100 Continue, ...) is followed by the real one
+    keep_alive = version == "HTTP/1.1" and "close" not in headers.get("connection", "").lower()
+    if status in (204, 304):
+        body = b""
+    elif "chunked" in headers.get("transfer-encoding", "").lower():
+        body = _chunked(reader)
+    elif "content-length" in headers:
+        length = headers["content-length"].split(",")[0].strip()
+        if not length.isdigit():
+            raise NotHttp(f"Content-Length {headers['content-length']!r}")
+        body = reader.exactly(int(length))
+    else:  # the body runs to the end of the connection
+        while reader.more():
+            pass
+        body, keep_alive = bytes(reader.data), False
+        reader.data.clear()
+    if reader.data:  # more than the answer: this connection cannot be trusted with another request
+        keep_alive = False
+    return Answer(status, reason, headers, body, keep_alive)
+
+
+def _chunked(reader: _Buffered) -> bytes:
+    chunks = []
+    while True:
+        size_line = reader.until(b"\r\n", _MAX_HEAD).split(b";")[0].strip()
+        try:
+            size = int(size_line, 16)
+        except ValueError:
+            raise NotHttp(f"chunk size {size_line[:20]!r}") from None
+        if size == 0:
+            while reader.until(b"\r\n", _MAX_HEAD):  # trailer lines, up to the empty one
+                pass
+            return b"".join(chunks)
+        chunks.append(reader.exactly(size))
+        if reader.exactly(2) != b"\r\n":
+            raise NotHttp("a chunk not followed by CRLF")
 
 
 def parse_messages(body: bytes) -> list[QueueMessage]:

@@ -8,6 +8,11 @@
   to the queue wakes the poller at once (the Storage Queues extension's SharedQueueWatcher;
   README.md cites the source). Each poll is one Get Messages request built and signed
   here (``queue_rest``) when the connection has an account key, through the SDK otherwise.
+- The poller hands each message's function to the worker itself, as the Service Bus
+  trigger's pump does and as the Functions host hands an invocation to the worker: a sync
+  function of either trigger then waits in the worker's one pool in the order its message
+  arrived. What needs storage calls (the delete, a release, a poison move, the outputs)
+  runs on one of this trigger's threads once the function has returned.
 - A received message is leased for 10 minutes and the lease is renewed at half-time
   while it is in flight, its function running or waiting for a worker thread (the
   Functions host does the same), so a slow function never lets another instance take
@@ -26,6 +31,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
@@ -36,7 +42,7 @@ from azure.storage.queue import QueueMessage as StorageMessage
 from .app import FunctionSpec
 from .config import QueueOptions
 from .connections import Clients
-from .invoke import Invoker, TriggerValue
+from .invoke import Invoker, Running, TriggerValue
 from .listener import Listener
 from .outputs import decode_queue_text, ensure_queue
 from .queue_rest import lean_queue
@@ -178,12 +184,25 @@ class QueueTriggerListener(Listener):
         return []
 
     def _dispatch(self, message: StorageMessage) -> None:
+        """Start handling one message: its function goes to the worker from here, as the Functions host
+        hands an invocation to the worker; what needs storage calls runs on one of this trigger's threads."""
         lease = _Lease(message, message.pop_receipt, time.monotonic() + self._lease / 2)
         with self._leases_lock:
             self._leases[message.id] = lease
-        future = self._executor.submit(self._process, lease)
-        self._futures.add(future)
-        future.add_done_callback(self._done)
+        handled: Future = Future()  # done once the message is settled: what the poller and the drain count
+        self._futures.add(handled)
+        handled.add_done_callback(self._done)
+        try:
+            trigger = self._trigger_value(message)
+            if isinstance(trigger, str):  # a poison reason
+                self._executor.submit(self._handle, lease, handled, lambda: self._poison(lease, trigger))
+                return
+            self.invoker.start(
+                self.spec, trigger, on_return=lambda running: self._on_return(lease, handled, running)
+            )
+        except Exception:  # its lease runs out and it reappears
+            log.exception("%s: handling message %s failed", self.name, message.id)
+            self._handled(lease, handled)
 
     def _done(self, future: Future) -> None:
         self._futures.discard(future)
@@ -231,45 +250,62 @@ class QueueTriggerListener(Listener):
                 log.warning("%s: released message %s unfinished at shutdown", self.name, lease.message.id)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    # --- one message, in a pool thread --------------------------------------------------
+    # --- one message ---------------------------------------------------------------------
 
-    def _process(self, lease: _Lease) -> None:
-        message = lease.message
+    def _trigger_value(self, message: StorageMessage) -> TriggerValue | str:
+        """What the function gets for the message, or why it goes to the poison queue."""
+        count = message.dequeue_count or 1
+        if count > self._options.max_dequeue_count:
+            return f"dequeue count {count} exceeds maxDequeueCount"
         try:
-            count = message.dequeue_count or 1
-            if count > self._options.max_dequeue_count:
-                self._poison(lease, f"dequeue count {count} exceeds maxDequeueCount")
-                return
-            try:
-                body = decode_queue_text(message.content or "", self._options.message_encoding)
-            except ValueError:
-                self._poison(lease, f"its body is not valid {self._options.message_encoding}")
-                return
-            rich = FunctionQueueMessage(
-                id=message.id,
-                body=body,
-                dequeue_count=count,
-                expiration_time=message.expires_on,
-                insertion_time=message.inserted_on,
-                time_next_visible=message.next_visible_on,
-                pop_receipt=message.pop_receipt,
-            )
-            details = f"queue={self.queue_name} message_id={message.id} dequeue_count={count}"
-            outcome = self.invoker.invoke(self.spec, TriggerValue(rich, body, details))
-            if outcome.succeeded:
-                self._delete(lease)
-            elif count >= self._options.max_dequeue_count:
-                self._poison(lease, f"it failed {count} times (maxDequeueCount)")
-            else:
-                with lease.lock:
-                    if not lease.settled:
-                        lease.settled = True
-                        self._set_visibility(lease, int(self._options.visibility_timeout.total_seconds()))
+            body = decode_queue_text(message.content or "", self._options.message_encoding)
+        except ValueError:
+            return f"its body is not valid {self._options.message_encoding}"
+        rich = FunctionQueueMessage(
+            id=message.id,
+            body=body,
+            dequeue_count=count,
+            expiration_time=message.expires_on,
+            insertion_time=message.inserted_on,
+            time_next_visible=message.next_visible_on,
+            pop_receipt=message.pop_receipt,
+        )
+        details = f"queue={self.queue_name} message_id={message.id} dequeue_count={count}"
+        return TriggerValue(rich, body, details)
+
+    def _on_return(self, lease: _Lease, handled: Future, running: Running) -> None:
+        """On the thread that ran the function (the worker's): the rest goes to one of this trigger's threads."""
+        try:
+            self._executor.submit(self._handle, lease, handled, lambda: self._settle(lease, running))
+        except RuntimeError:  # shut down past the drain deadline: its lease was released
+            self._handled(lease, handled)
+
+    def _handle(self, lease: _Lease, handled: Future, work: Callable[[], None]) -> None:
+        try:
+            work()
         except Exception:  # a storage error here must not kill the pool thread; the lease expires and it reappears
-            log.exception("%s: handling message %s failed", self.name, message.id)
+            log.exception("%s: handling message %s failed", self.name, lease.message.id)
         finally:
-            with self._leases_lock:
-                self._leases.pop(message.id, None)
+            self._handled(lease, handled)
+
+    def _handled(self, lease: _Lease, handled: Future) -> None:
+        with self._leases_lock:
+            self._leases.pop(lease.message.id, None)
+        handled.set_result(None)
+
+    def _settle(self, lease: _Lease, running: Running) -> None:
+        """The invocation finished (outputs, the log line), its message deleted, released or poisoned."""
+        outcome = self.invoker.finish(running)
+        count = lease.message.dequeue_count or 1
+        if outcome.succeeded:
+            self._delete(lease)
+        elif count >= self._options.max_dequeue_count:
+            self._poison(lease, f"it failed {count} times (maxDequeueCount)")
+        else:
+            with lease.lock:
+                if not lease.settled:
+                    lease.settled = True
+                    self._set_visibility(lease, int(self._options.visibility_timeout.total_seconds()))
 
     def _delete(self, lease: _Lease) -> None:
         with lease.lock:

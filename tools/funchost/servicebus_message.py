@@ -727,6 +727,34 @@ def merge_body_fields(metadata: dict[str, meta.Datum], text: str) -> None:
 
 # --- 5. the worker ----------------------------------------------------------------------
 
+#: A DateTime as the Functions host writes one without an offset (``NetDateTime.json``, Kind not Utc):
+#: the binding data's ``EnqueuedTimeUtc`` and ``ExpiresAtUtc``.
+_LOCAL_DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?")
+
+
+class _WorkerConverter(ServiceBusMessageInConverter, binding=None):
+    """The worker's ``ServiceBusMessageInConverter``, reading the host's own date form in one step.
+
+    ``azure.functions`` parses each date of the binding data by trying twelve UTC formats with
+    ``strptime`` before the local one the host's form matches; thirteen formats overflow
+    ``strptime``'s cache of five compiled patterns, so every try compiles its pattern again:
+    ~0.3 ms of CPU per message for its two dates here (Azure's Python worker runs the same code). For that
+    form exactly, :meth:`_parse_datetime` returns what the library would (the naive
+    ``datetime``, digits past the sixth of the fraction dropped as its ``too_fractional`` step
+    drops them); any other text, and a value ``datetime`` refuses, goes to the library's parse.
+    """
+
+    @classmethod
+    def _parse_datetime(cls, datetime_str: str | None) -> datetime.datetime | None:
+        match = _LOCAL_DATE.fullmatch(datetime_str) if isinstance(datetime_str, str) else None
+        if match is not None:
+            fraction = (match[7] or "")[:6].ljust(6, "0")
+            try:
+                return datetime.datetime(*(int(match[i]) for i in range(1, 7)), int(fraction))
+            except ValueError:
+                pass
+        return super()._parse_datetime(datetime_str)
+
 
 @dataclass
 class Converted:
@@ -745,7 +773,7 @@ def convert(net: NetMessage, *, data_type: str | None = None, parameter: str = "
     else:
         data = meta.Datum(value, "bytes")
     try:
-        message = ServiceBusMessageInConverter.decode(data, trigger_metadata=metadata)
+        message = _WorkerConverter.decode(data, trigger_metadata=metadata)
     except Exception as error:  # what the worker reports as the invocation's failure
         raise BindingFailed(
             f"the Python worker (azure.functions) cannot decode it: {type(error).__name__}: {error}"

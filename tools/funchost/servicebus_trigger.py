@@ -2,14 +2,21 @@
 
 One pump thread owns the receiver (the SDK's sync handlers are not thread-safe): while
 fewer than ``maxConcurrentCalls`` messages are in flight it receives one message at a
-time (as the Functions host's processor does), hands each to one of this trigger's
-threads, which invokes the function in the worker (a sync function may wait there for
-a thread of the worker's shared pool), and settles the results they hand back:
-complete after the function returned, abandon when it raised. The queue's max
-delivery count then dead-letters a message that keeps failing (the broker does that,
-as in Azure). While a message is in flight (its function running, or waiting for a
-worker thread), its lock is renewed at half-life, up to host.json
-``maxAutoLockRenewalDuration`` from its receipt, as the host's processor does.
+time (as the Functions host's processor does), converts it and hands the function to
+the worker (a sync function may wait there for a thread of the worker's shared pool),
+and settles each message once its function has returned: complete after it returned,
+abandon when it raised. The queue's max delivery count then dead-letters a message that
+keeps failing (the broker does that, as in Azure). While a message is in flight (its
+function running, or waiting for a worker thread), its lock is renewed at half-life, up
+to host.json ``maxAutoLockRenewalDuration`` from its receipt, as the host's processor does.
+
+No thread waits for each invocation: the thread that ran the function only tells the pump
+that it returned, and the pump logs the invocation and settles its message between receive
+calls; a function with output bindings is finished at once on one of this trigger's threads
+instead (its outputs sent, then its result handed to the pump), so its outputs never wait
+for the pump's receive call to end. Before, a thread per message in flight waited for the
+worker and handed the result on: two more thread switches per message, ~2 ms of the host's
+CPU per order of the project's app (BENCHMARKS.md, "Where the CPU goes, and what was cut").
 
 The function gets what the Functions host and the Python worker would hand it for the
 message (``servicebus_message``, from the bytes the broker sent: ``servicebus_wire``).
@@ -44,7 +51,7 @@ from azure.servicebus.exceptions import (
 from .app import FunctionSpec
 from .config import ServiceBusOptions
 from .connections import Clients
-from .invoke import Invoker, TriggerValue
+from .invoke import Invoker, Running, TriggerValue
 from .listener import Listener
 from .servicebus_message import ConversionError, LocalConversionFailed, function_message, message_id_of
 from .servicebus_wire import DeliveryTap, Undecodable, dead_letter_undecodable
@@ -155,6 +162,7 @@ class _Delivery:
     renew_at: float
     payload: bytes | None = None
     renewing: bool = True
+    running: Running | None = None
 
 
 @dataclass(frozen=True)
@@ -177,13 +185,17 @@ class ServiceBusTriggerListener(Listener):
         self._options = options
         self.queue_name: str = spec.trigger.queue_name
         self._setting = spec.trigger.connection
-        self._results: queue.Queue[tuple[_Delivery, _Outcome]] = queue.Queue()
+        # How each message in flight ends: its outcome, or None when its function returned and
+        # the invocation is still to be finished (outputs, the log line) before it is settled.
+        self._results: queue.Queue[tuple[_Delivery, _Outcome | None]] = queue.Queue()
         self._result_signal = threading.Event()
         self._in_flight: dict[int, _Delivery] = {}
         self._receiving = False
+        # Threads that send finished invocations' output bindings (at most one per message in flight).
         self._executor = ThreadPoolExecutor(
             max_workers=options.max_concurrent_calls, thread_name_prefix=f"servicebus-{spec.name}"
         )
+        self._parameter = next((p.name for p in spec.params if p.kind == "trigger"), spec.trigger.name)
         if not options.auto_complete_messages:
             log.warning(
                 "%s: autoCompleteMessages=false needs SDK-type bindings to settle messages; "
@@ -280,39 +292,61 @@ class ServiceBusTriggerListener(Listener):
             span = max(1.0, (locked_until - datetime.datetime.now(datetime.UTC)).total_seconds())
         delivery = _Delivery(message, receiver, now, span, now + span / 2, payload)
         self._in_flight[id(delivery)] = delivery
-        self._executor.submit(self._process, delivery)
-
-    def _trigger_parameter(self) -> str:
-        return next((p.name for p in self.spec.params if p.kind == "trigger"), self.spec.trigger.name)
-
-    def _process(self, delivery: _Delivery) -> None:
-        outcome = _ABANDON
         try:
+            trigger = self._trigger_value(delivery)
+            if isinstance(trigger, _Outcome):
+                self._results.put((delivery, trigger))
+                return
+            delivery.running = self.invoker.start(
+                self.spec, trigger, on_return=lambda running: self._returned(delivery, running)
+            )
+        except Exception:  # never lose a message: the pump settles every one it dispatched
+            log.exception("%s: handling message %s failed", self.name, _shown_id(message))
+            self._results.put((delivery, _ABANDON))
+
+    def _trigger_value(self, delivery: _Delivery) -> TriggerValue | _Outcome:
+        """What the function gets for the message, or how to settle it when it cannot get it."""
+        try:
+            converted = function_message(
+                delivery.payload, delivery.message, data_type=self.spec.trigger.get("dataType"),
+                parameter=self._parameter,
+            )
+        except ConversionError as error:
+            return self._cannot_convert(delivery, error)
+        except Exception as error:  # an input this host did not foresee: its limit, not the app's
+            log.exception("%s: converting message %s failed", self.name, _shown_id(delivery.message))
+            return self._cannot_convert(delivery, LocalConversionFailed(f"{type(error).__name__}: {error}"))
+        rich = converted.message
+        shown = rich.message_id if len(rich.message_id or "") <= 200 else f"{rich.message_id[:200]}…"
+        details = f"queue={self.queue_name} message_id={shown} delivery_count={rich.delivery_count}"
+        return TriggerValue(rich, converted.body, details)
+
+    def _returned(self, delivery: _Delivery, running: Running) -> None:
+        """On the thread that ran the function (the worker's): an invocation with outputs to send
+        goes to one of this trigger's threads at once (its outputs must not wait for the pump's
+        receive call to end: on a quiet queue that is up to RECEIVE_WAIT_SECONDS, and the next
+        function waits for them); any other, to the pump, which finishes and settles it."""
+        if running.sends_outputs:
             try:
-                converted = function_message(
-                    delivery.payload,
-                    delivery.message,
-                    data_type=self.spec.trigger.get("dataType"),
-                    parameter=self._trigger_parameter(),
-                )
-            except ConversionError as error:
-                outcome = self._cannot_convert(delivery, error)
+                self._executor.submit(self._finish_sending, delivery, running)
                 return
-            except Exception as error:  # an input this host did not foresee: its limit, not the app's
-                log.exception("%s: converting message %s failed", self.name, _shown_id(delivery.message))
-                failure = LocalConversionFailed(f"{type(error).__name__}: {error}")
-                outcome = self._cannot_convert(delivery, failure)
-                return
-            rich = converted.message
-            shown = rich.message_id if len(rich.message_id or "") <= 200 else f"{rich.message_id[:200]}…"
-            details = f"queue={self.queue_name} message_id={shown} delivery_count={rich.delivery_count}"
-            succeeded = self.invoker.invoke(self.spec, TriggerValue(rich, converted.body, details)).succeeded
-            outcome = _COMPLETE if succeeded else _ABANDON
-        except Exception:  # never lose a result: the pump settles every message it dispatched
+            except RuntimeError:  # shutting down: the pump finishes it (outputs included) or abandons it
+                pass
+        self._results.put((delivery, None))
+        self._result_signal.set()
+
+    def _finish(self, delivery: _Delivery, running: Running) -> _Outcome:
+        """The host's part of the invocation (outputs, the log line), then how to settle its message."""
+        try:
+            return _COMPLETE if self.invoker.finish(running).succeeded else _ABANDON
+        except Exception:  # never lose a result: abandon, it comes back
             log.exception("%s: handling message %s failed", self.name, _shown_id(delivery.message))
-        finally:
-            self._results.put((delivery, outcome))
-            self._result_signal.set()
+            return _ABANDON
+
+    def _finish_sending(self, delivery: _Delivery, running: Running) -> None:
+        """On one of this trigger's threads: finish an invocation that has outputs to send."""
+        self._results.put((delivery, self._finish(delivery, running)))
+        self._result_signal.set()
 
     def _cannot_convert(self, delivery: _Delivery, error: ConversionError) -> _Outcome:
         log.error(
@@ -334,7 +368,7 @@ class ServiceBusTriggerListener(Listener):
                 None,
                 lock_token=item.lock_token,
                 data_type=self.spec.trigger.get("dataType"),
-                parameter=self._trigger_parameter(),
+                parameter=self._parameter,
             )
             failure: ConversionError = LocalConversionFailed(
                 f"the Python azure-servicebus SDK cannot decode it ({cause}), "
@@ -369,6 +403,9 @@ class ServiceBusTriggerListener(Listener):
                 delivery, outcome = self._results.get_nowait()
             except queue.Empty:
                 return
+            if outcome is None:  # its function returned (with outputs only while shutting down)
+                assert delivery.running is not None
+                outcome = self._finish(delivery, delivery.running)
             if self._in_flight.pop(id(delivery), None) is None:
                 continue  # already abandoned at the drain deadline
             if delivery.receiver is not receiver:

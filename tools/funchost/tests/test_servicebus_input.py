@@ -13,15 +13,17 @@ from __future__ import annotations
 import base64
 import decimal
 import math
+import random
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSubQueue
+from azure.functions.servicebus import ServiceBusMessageInConverter
 from azure.servicebus.amqp import AmqpAnnotatedMessage, AmqpMessageProperties
 
-from tools.funchost.servicebus_message import BindingFailed, function_message
+from tools.funchost.servicebus_message import BindingFailed, _WorkerConverter, function_message
 from tools.funchost.servicebus_wire import DeliveryTap
 
 from .support import APP_DIR, eventually, host_env, receive, records, rewritten_on_the_wire
@@ -414,3 +416,36 @@ def test_binary_data_type_gets_the_raw_body_and_without_the_wire_bytes_the_sdk_v
             assert function_message(None, message).message.message_id == str(UUID_ID)
             for item in got:
                 receiver.complete_message(item)
+
+
+def _parsed(parse, text):
+    try:
+        return "ok", parse(text)
+    except Exception as error:  # noqa: BLE001 - the error is the outcome compared
+        return "error", type(error), str(error)
+
+
+def test_the_workers_date_shortcut_returns_what_azure_functions_returns_for_any_text():
+    """``_WorkerConverter._parse_datetime`` reads the host's own date form in one step: for that form and for
+    every other text (other forms, out-of-range fields, garbage) the outcome is the library's own, value or
+    error."""
+    rng = random.Random(21)
+    texts = ["", None, "0001-01-01T00:00:00", "9999-12-31T23:59:59.9999999", "2025-04-11T01:10:50.251"]
+    for _ in range(300):
+        moment = datetime(1, 1, 1) + timedelta(microseconds=rng.randrange(int(3.15e17)))
+        digits = rng.randrange(0, 10)
+        fraction = "".join(rng.choice("0123456789") for _ in range(digits))
+        texts.append(moment.strftime("%Y-%m-%dT%H:%M:%S") + (f".{fraction}" if digits else ""))
+    texts += [
+        "2025-00-11T01:10:50", "2025-13-11T01:10:50", "2025-02-29T01:10:50", "2024-02-29T01:10:50.5",
+        "2025-04-00T01:10:50", "2025-04-31T01:10:50", "2025-04-11T24:00:00", "2025-04-11T01:60:50",
+        "2025-04-11T01:10:60", "2025-04-11T01:10:61.1", "0000-01-01T00:00:00", "2025-04-11T01:10:50.",
+        "2025-04-11T01:10:50Z", "2025-04-11T01:10:50.251Z", "2025-04-11T01:10:50+00:00",
+        "2025-04-11T01:10:50.1234567+00:00", "2025-04-11T01:10:50-00:00", "2025-04-11T01:10:50+01:00",
+        "04/11/2025 01:10:50", "04/11/2025 01:10:50.25Z", "04/11/2025T01:10:50", "2025-4-11T1:10:50",
+        " 2025-04-11T01:10:50", "2025-04-11T01:10:50 ", "2025-04-11 01:10:50", "٢٠٢٥-04-11T01:10:50",
+        "2025-04-11T01:10:50.1234567abc", "not a date",
+    ]
+    for text in texts:
+        expected = _parsed(ServiceBusMessageInConverter._parse_datetime, text)
+        assert _parsed(_WorkerConverter._parse_datetime, text) == expected, text
