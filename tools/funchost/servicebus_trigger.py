@@ -10,11 +10,11 @@ keeps failing (the broker does that, as in Azure). While a message is in flight 
 function running, or waiting for a worker thread), its lock is renewed at half-life, up
 to host.json ``maxAutoLockRenewalDuration`` from its receipt, as the host's processor does.
 
-No thread waits for each invocation: the thread that ran the function only tells the pump
-that it returned, and the pump logs the invocation and settles its message between receive
-calls; a function with output bindings is finished at once on one of this trigger's threads
-instead (its outputs sent, then its result handed to the pump), so its outputs never wait
-for the pump's receive call to end. Before, a thread per message in flight waited for the
+No thread waits for each invocation: the thread that ran the function writes its log line
+and hands the result to the pump, which settles the message between receive calls; a
+function with output bindings is finished at once on one of this trigger's threads instead
+(its outputs sent, its log line, then its result handed to the pump), so neither its outputs
+nor its log line wait for the pump's receive call to end. Before, a thread per message in flight waited for the
 worker and handed the result on: two more thread switches per message, ~2 ms of the host's
 CPU per order of the project's app (BENCHMARKS.md, "Where the CPU goes, and what was cut").
 
@@ -322,17 +322,19 @@ class ServiceBusTriggerListener(Listener):
         return TriggerValue(rich, converted.body, details)
 
     def _returned(self, delivery: _Delivery, running: Running) -> None:
-        """On the thread that ran the function (the worker's): an invocation with outputs to send
-        goes to one of this trigger's threads at once (its outputs must not wait for the pump's
-        receive call to end: on a quiet queue that is up to RECEIVE_WAIT_SECONDS, and the next
-        function waits for them); any other, to the pump, which finishes and settles it."""
+        """On the thread that ran the function (the worker's), once it returned: an invocation with
+        outputs to send goes to one of this trigger's threads at once (its outputs must not wait
+        for the pump's receive call to end: on a quiet queue that is up to RECEIVE_WAIT_SECONDS,
+        and the next function waits for them); any other is finished here (its log line, written
+        as the function returns, as the Functions host writes it), and the pump settles it."""
         if running.sends_outputs:
             try:
                 self._executor.submit(self._finish_sending, delivery, running)
                 return
             except RuntimeError:  # shutting down: the pump finishes it (outputs included) or abandons it
-                pass
-        self._results.put((delivery, None))
+                self._results.put((delivery, None))
+        else:
+            self._results.put((delivery, self._finish(delivery, running)))
         self._result_signal.set()
 
     def _finish(self, delivery: _Delivery, running: Running) -> _Outcome:
@@ -403,7 +405,7 @@ class ServiceBusTriggerListener(Listener):
                 delivery, outcome = self._results.get_nowait()
             except queue.Empty:
                 return
-            if outcome is None:  # its function returned (with outputs only while shutting down)
+            if outcome is None:  # its function returned with outputs while shutting down: finish it here
                 assert delivery.running is not None
                 outcome = self._finish(delivery, delivery.running)
             if self._in_flight.pop(id(delivery), None) is None:
