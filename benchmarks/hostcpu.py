@@ -160,10 +160,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second (with --profile)")
     parser.add_argument("--keep", type=Path, help="copy the raw profile here")
+    parser.add_argument("--no-telemetry", action="store_true",
+                        help="run the host without its spans and metric files (what tracing costs)")
     args = parser.parse_args(argv)
 
     logs_dir = Path(tempfile.mkdtemp(prefix="hostcpu-"))
-    stack = BenchStack(log_dir=logs_dir / "stack")
+    stack = BenchStack(log_dir=logs_dir / "stack", telemetry=not args.no_telemetry)
     stack.start(hosts=1)
     sender = OrderSender(stack.servicebus_connection_string)
     try:

@@ -958,7 +958,9 @@ class Runner:
     def _temporal(self, section: Section) -> None:
         from benchmarks.temporal_peer import phase as temporal_peer  # temporalio: imported by this phase only
 
-        temporal_peer.run(section, self.plan, app_stack=lambda: self._stack("peer-app", hosts=1),
+        temporal_peer.run(section, self.plan,
+                          app_stack=lambda telemetry: self._stack("peer-app-traced" if telemetry else "peer-app",
+                                                                  hosts=1, telemetry=telemetry),
                           log_dir=self.logs / "peer-temporal", counter=self._counter)
 
     def _concurrency(self, section: Section) -> None:

@@ -12,6 +12,10 @@ with the same orders (``devtools.orders.order_body``), in the same order:
    worker process (Temporal), then 2 against 2: orders/s from the first send to the last
    order done, and the CPU of every process over the run (/proc) per order done.
 
+Telemetry alike: in those runs this stack's hosts write no spans or metrics files (Temporal's
+worker, in its SDK's default settings, exports neither); then one more saturation run on one
+host writing them, as the demo and Azure run it, shows what the app's telemetry costs.
+
 "Done" is the Processed row's commit (its Table Timestamp) for this stack and the
 workflow's close time for Temporal, both server clocks on this machine.
 """
@@ -38,8 +42,9 @@ from benchmarks.temporal_peer import bench
 from benchmarks.temporal_peer.saga import STEPS as SAGA_STEPS
 from benchmarks.temporal_peer.stack import TemporalStack, temporal_binary, versions
 
-#: The sides, as the report names them.
+#: The sides, as the report names them; TRACED is this stack with its telemetry files written.
 STACK, TEMPORAL = "this stack", "Temporal"
+TRACED = "this stack, spans and metrics written"
 #: Targets, as ratios this stack / Temporal (issue 21): printed with PASS / MISS, never asserted.
 TARGET_THROUGHPUT = 1.0
 TARGET_CPU = 1.0
@@ -178,16 +183,36 @@ def measure(driver: StackDriver | TemporalDriver, plan, counter) -> Side:
     return side
 
 
-def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str]) -> None:
+def measure_traced(driver: StackDriver, plan, counter) -> Side:
+    """This stack once more, its hosts writing their spans and metric points (as the demo
+    and Azure run it): warm-up, then one saturation run on one host."""
+    side = Side(TRACED, app_prefix=driver.unit)
+    other = OtherLoad()
+    other.start()
+    try:
+        driver.warm_up("peer-traced-warm-", plan.warm_up_orders)
+        side.runs[1] = driver.throughput(
+            "peer-traced-sat1-", plan.peer_orders, timeout=plan.pipeline_timeout,
+            progress=counter(f"temporal phase, {TRACED}: {plan.peer_orders} orders, 1 host",
+                             plan.peer_orders * pipeline.STEPS),
+        )
+    finally:
+        driver.close()
+    side.other_cores = other.stop()
+    return side
+
+
+def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str], traced: Side | None = None) -> None:
     """The section: figures with their targets, the side-by-side table, each run's detail."""
     rows = []
 
-    def compare(key: str, label: str, a, b, unit: str, target: str | None = None, passes=None) -> None:
+    def compare(key: str, label: str, a, b, unit: str, target: str | None = None, passes=None,
+                side: str = STACK) -> None:
         ratio = _ratio(a, b)
         met = None if target is None or ratio is None else passes(ratio)
-        section.figure(f"{key}.stack", f"{label}: {STACK}", a, unit)
+        section.figure(f"{key}.stack", f"{label}: {side}", a, unit)
         section.figure(f"{key}.temporal", f"{label}: {TEMPORAL}", b, unit)
-        section.figure(f"ratio.{key}", f"{label}: {STACK} / {TEMPORAL}", ratio, "", target=target, met=met)
+        section.figure(f"ratio.{key}", f"{label}: {side} / {TEMPORAL}", ratio, "", target=target, met=met)
         verdict = "" if met is None else ("PASS" if met else "MISS")
         rows.append([label, a, b, ratio, target or "", verdict])
 
@@ -214,16 +239,24 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
         compare(f"cpu_infra_ms.{processes}", "CPU per order, infrastructure (Azurite + Service Bus emulator vs "
                 f"Temporal server), {hosts_vs_workers(processes)}", ours.cpu_ms(processes, app=False),
                 theirs.cpu_ms(processes, app=False), "ms")
+    if traced is not None:
+        with_files = "1 host with its spans and metrics written vs 1 worker process"
+        compare("traced.orders_per_s.1", f"orders/s at saturation, {with_files}", traced.runs[1].per_second,
+                theirs.runs[1].per_second, "orders/s", side=TRACED)
+        compare("traced.cpu_app_ms.1", f"CPU per order, app side, {with_files}", traced.cpu_ms(1, app=True),
+                theirs.cpu_ms(1, app=True), "ms", side=TRACED)
+        compare("traced.cpu_functions_ms.1", f"CPU per order, app side, function side only, {with_files}",
+                traced.function_ms(1), theirs.cpu_ms(1, app=True), "ms", side=TRACED)
     section.table("side by side (ratio: this stack / Temporal)",
                   ["figure", STACK, TEMPORAL, "ratio", "target", "PASS / MISS"], rows,
                   note="Targets (issue 21), printed here, not asserted by tests: orders/s of 1 host ≥ 1.0 × "
                   "Temporal's 1 worker; app-side CPU per order ≤ Temporal worker's; p50 at light load ≤ 0.5 × "
                   "Temporal's. Other processes on the machine kept "
                   + " and ".join(f"{format_value(side.other_cores)} cores busy during {side.name}'s runs"
-                                 for side in (ours, theirs))
+                                 for side in (ours, theirs) if side.other_cores is not None)
                   + " (the machine is shared: timings under other load are pessimistic; CPU per order much less so).")
     detail = []
-    for side in (ours, theirs):
+    for side in (ours, theirs) if traced is None else (ours, traced, theirs):
         for processes, run in side.runs.items():
             detail.append([
                 side.name, processes, run.orders, run.processed, run.errors, run.seconds, run.per_second,
@@ -276,20 +309,27 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
         "per order done). Done is the Processed row's commit (its Table Timestamp, Azurite's clock) for this stack "
         "and the workflow's close time (the server's clock) for Temporal. CPU per order, app side: the host "
         "processes against the worker processes; infrastructure: Azurite + the Service Bus emulator against the "
-        "Temporal server. CPU per order, function side only: of the host processes' CPU, what the functions "
+        "Temporal server. Telemetry alike on both sides: in the runs compared this stack's hosts write no spans "
+        "or metrics files, as Temporal's worker in its default settings exports neither; one more saturation "
+        f"run, {TRACED} (1 host, as the demo and Azure run it: 12 spans and a few metric points per order), "
+        "shows what the app's own telemetry costs, against the same Temporal run. CPU per order, function side only: of the host processes' CPU, what the functions "
         "themselves used (each invocation's thread CPU, as `python -m benchmarks.hostcpu` measures it: in Azure "
         "the Python worker's share, the rest being the local host's emulation of Azure's .NET Functions host) "
         "against the same worker processes. How to run it and the settings: docs/benchmarks.md."
     )
 
 
-def run(section: Section, plan, *, app_stack: Callable[[], AbstractContextManager[BenchStack]], log_dir: Path,
+def run(section: Section, plan, *, app_stack: Callable[..., AbstractContextManager[BenchStack]], log_dir: Path,
         counter) -> None:
-    """Measure this stack, then Temporal (never both at once), and build the section."""
+    """Measure this stack without its telemetry files, then with them (one saturation run),
+    then Temporal (never two at once), and build the section. ``app_stack(telemetry=...)``
+    starts an app stack with one host."""
     temporal_binary()  # fails first, and loudly, when the Temporal binary is missing
     found = versions()
-    with app_stack() as stack:
+    with app_stack(telemetry=False) as stack:
         ours = measure(StackDriver(stack), plan, counter)
+    with app_stack(telemetry=True) as stack:
+        traced = measure_traced(StackDriver(stack), plan, counter)
     with TemporalStack(log_dir).start(workers=1) as stack:
         theirs = measure(TemporalDriver(stack), plan, counter)
-    build(section, plan, ours, theirs, found)
+    build(section, plan, ours, theirs, found, traced)
