@@ -29,7 +29,8 @@ caller of the multipart code for tables) and keeps everything else the SDK's:
   the strict shape of a well-formed answer (every boundary exact, every part header a plain
   ``Name: value`` line, ``application/http`` parts in one change set); anything else goes to
   the SDK's own parser. Each part becomes the very object the SDK's ``parts()`` yields
-  (``http.client`` parses it into a ``RestHttpClientTransportResponse`` paired with its
+  (``http.client`` parses it, its header block without the ``email`` parser as
+  adapters/http_answer.py reads it, into a ``RestHttpClientTransportResponse`` paired with its
   request by position), and the SDK's own error mapping runs on them: a failed transaction
   raises the same ``TableTransactionError`` (same status, error code and ``index:`` message),
   a 413 the same ``RequestTooLargeError``.
@@ -45,7 +46,6 @@ two clients' requests and answers against Azurite.
 from __future__ import annotations
 
 import re
-from http.client import HTTPResponse
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 from uuid import uuid4
@@ -60,6 +60,8 @@ from azure.data.tables._error import (
     RequestTooLargeError, TableTransactionError, _decode_error, _validate_tablename_error,
 )
 from azure.data.tables._policies import StorageHeadersPolicy
+
+from adapters.http_answer import LeanHTTPResponse
 
 #: A header name that ``http.client`` sends and the ``email`` parser reads as one (printable
 #: ASCII but the colon: the parser's own class of name characters).
@@ -196,7 +198,7 @@ def changeset_responses(response: Any, requests: Sequence[HttpRequest]) -> list[
     parts = []
     for index, (_, content) in enumerate(changeset):
         request = requests[index] if index < len(requests) else response.request
-        raw = HTTPResponse(BytesIOSocket(content), method=request.method)
+        raw = LeanHTTPResponse(BytesIOSocket(content), method=request.method)
         raw.begin()
         parts.append(RestHttpClientTransportResponse(request=request, internal_response=raw))
     return parts

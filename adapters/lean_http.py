@@ -61,6 +61,8 @@ from requests.utils import get_encoding_from_headers
 from urllib3.exceptions import ProtocolError
 from urllib3.util.wait import wait_for_read
 
+from adapters.http_answer import LeanHTTPConnection, LeanHTTPSConnection
+
 _Endpoint = tuple[str, str, int]
 
 
@@ -142,9 +144,9 @@ class HttpClientAdapter(BaseAdapter):
                 connection.close()  # closed by the server while idle (or sent something unasked)
         scheme, host, port = endpoint
         if scheme == "https":
-            connection = http.client.HTTPSConnection(host, port, timeout=connect_timeout, context=self._context())
+            connection = LeanHTTPSConnection(host, port, timeout=connect_timeout, context=self._context())
         else:
-            connection = http.client.HTTPConnection(host, port, timeout=connect_timeout)
+            connection = LeanHTTPConnection(host, port, timeout=connect_timeout)
         try:
             connection.connect()
         except (socket.timeout, TimeoutError) as error:
