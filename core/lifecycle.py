@@ -67,12 +67,18 @@ def new_order(
 ) -> OrderState:
     """The state of a just-submitted order: Pending at its first step, to be claimed
     before ``now + pending_timeout``; ``note`` is for the operator, ``trace_parent`` the
-    submission's trace context (W3C ``traceparent``)."""
+    submission's trace context (W3C ``traceparent``).
+
+    An empty ``reply_to`` (a ReplyTo of no characters, which Service Bus hands on as it
+    was sent) names no queue and is kept as None, as Table Storage gives an empty text
+    back: the state made here must be the row as read back, since a first claim made
+    from the submission's snapshot sends it as its fence, and a fence that differs from
+    the row under the same ETag is dropped as forged (scheduler/dispatch.py)."""
     return OrderState(
         order_id=order_id,
         process_state=ProcessState.PENDING,
         complete_by=now + pending_timeout,
-        reply_to=reply_to,
+        reply_to=reply_to or None,
         created_at=now,
         updated_at=now,
         workflow=workflow.name,

@@ -108,6 +108,24 @@ def test_the_first_claim_is_proven_by_its_seal_in_azurite_and_a_lying_nudge_is_c
     assert schedule(forged_nudge) is None  # the seal is gone once claimed: the row decides (not Pending)
 
 
+def test_an_order_sent_with_an_empty_reply_to_is_claimed_from_its_nudge_and_its_true_response_counts(
+    app_settings, servicebus_emulator
+):
+    """Against Azurite: a ReplyTo of no characters names no queue, and Table Storage gives the empty text back as
+    none. The submission's nudge says none as well, so the first claim from the nudge (the order submitted by
+    another instance) sends the row as it is in its fence, and the agent's true response moves the order on
+    instead of being dropped as forged."""
+    s = services()
+    nudge = submit("o-empty-reply", reply_to="")
+    s.cache.drop("o-empty-reply")  # as if submitted by another instance: the nudge and the seal only
+    assert nudge.state.reply_to is None and s.store.get("o-empty-reply").reply_to is None
+    request = schedule(nudge)
+    assert request.context.fence == s.store.get("o-empty-reply")
+    assert last_request(app_settings, servicebus_emulator, "inventory") == request
+    moved = record(answer(request, result={"confirmation": "c-reserve"}))
+    assert moved is not None and (moved.step, moved.attempt) == ("charge", 2)
+
+
 def test_a_write_before_the_first_claim_takes_the_seal_and_a_forged_first_claim_is_decided_on_the_row(
     app_settings, servicebus_emulator
 ):

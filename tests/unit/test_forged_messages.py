@@ -175,6 +175,23 @@ def test_the_first_claim_from_the_submissions_nudge_reads_nothing_and_consumes_t
     assert (w.table.ops - before)["query"] == 1 and len(w.publisher.requests) == 1
 
 
+def test_an_empty_reply_to_is_none_so_the_true_response_to_a_first_claim_from_the_nudge_counts():
+    """A client may send a ReplyTo of no characters (Service Bus hands it on as such). It names no queue, and the
+    table gives an empty text back as none: the state the submission writes and nudges with must say none too, or
+    the first claim made from the nudge sends a fence the row as read contradicts, and the agent's true response is
+    dropped as forged (the step then waits out its timeout for the supervisor)."""
+    w = World()
+    order = OrderRequest.model_validate(order_dict("o-1", lines=1))
+    made = w.store.create_order(order, workflow=w.definition, reply_to="", now=w.now,
+                                pending_timeout=timedelta(seconds=30))
+    assert made.state.reply_to is None and made.record.state.reply_to is None
+    nudge = Nudge(order_id="o-1", state=made.state, document=order.document())
+    request = dispatch.schedule(nudge, scheduler=w.scheduler, now=w.now)
+    assert request is not None and request.context.fence == w.state()
+    after = w.answer()
+    assert after is not None and (after.step, after.attempt) == ("charge", 2)
+
+
 @pytest.mark.parametrize(
     "lie",
     [{"document": json.dumps({"order_id": "o-1", "total": "0.01"})}, {"reply_to": "alerts"},
