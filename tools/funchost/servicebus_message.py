@@ -157,9 +157,16 @@ def _utf8(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
+#: Latin-1 text of bytes above 0x7F, each to ``?``.
+_NOT_ASCII = {code: "?" for code in range(0x80, 0x100)}
+
+
 def _ascii(raw: bytes) -> str:
     """``Encoding.ASCII.GetString`` (how .NET reads a symbol): bytes above 0x7F become ``?``."""
-    return "".join(chr(b) if b < 0x80 else "?" for b in raw)
+    try:
+        return raw.decode("ascii")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1").translate(_NOT_ASCII)
 
 
 def net_double(value: float) -> str:
