@@ -54,7 +54,7 @@ from .connections import Clients
 from .invoke import Invoker, Running, TriggerValue
 from .listener import Listener
 from .servicebus_message import ConversionError, LocalConversionFailed, function_message, message_id_of
-from .servicebus_wire import DeliveryTap, Undecodable, dead_letter_undecodable
+from .servicebus_wire import KEEP_ALIVE_SECONDS, DeliveryTap, PumpKeepAlive, Undecodable, dead_letter_undecodable
 
 log = logging.getLogger("funchost")
 
@@ -229,8 +229,9 @@ class ServiceBusTriggerListener(Listener):
                     )
                     tap = DeliveryTap(receiver)  # before it opens: the message bytes as the broker sent them
                     untraced = _UntracedReceive(receiver)
+                    keep_alive = PumpKeepAlive(receiver)  # before it opens: the SDK's keep-alive thread off
                     with receiver:
-                        self._pump(receiver, tap, untraced)
+                        self._pump(receiver, tap, untraced, keep_alive)
                 break
             except Exception as error:  # the broker went away or refused: retry, as the host's processor does
                 if self._stopping.is_set():
@@ -252,13 +253,19 @@ class ServiceBusTriggerListener(Listener):
                     backoff = min(backoff * 2, 30.0)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def _pump(self, receiver: ServiceBusReceiver, tap: DeliveryTap, untraced: _UntracedReceive) -> None:
+    def _pump(
+        self, receiver: ServiceBusReceiver, tap: DeliveryTap, untraced: _UntracedReceive, keep_alive: PumpKeepAlive
+    ) -> None:
         # The receiver's link is open (``with receiver`` attached it): the listener is receiving. Ready
         # now, not after a first receive call, which on an empty queue waits its RECEIVE_WAIT_SECONDS out.
         self.ready.set()
+        read_at = time.monotonic()  # when a receive call last read the connection
         while True:
             self._settle_results(receiver)
             self._renew_locks(receiver)
+            if time.monotonic() - read_at >= KEEP_ALIVE_SECONDS:  # no receive call for a while
+                keep_alive.listen(receiver)
+                read_at = time.monotonic()
             if self._stopping.is_set():
                 if not self._in_flight:
                     return
@@ -276,6 +283,7 @@ class ServiceBusTriggerListener(Listener):
             # returns as soon as it arrives, and no link credit outlives the call (a message
             # the broker delivers after a receive ended is handed back and delivered again).
             messages = untraced.receive(receiver, max_message_count=1, max_wait_time=RECEIVE_WAIT_SECONDS)
+            read_at = time.monotonic()
             self._receiving = True
             for message in messages:
                 self._dispatch(receiver, message, tap.take(message.lock_token))

@@ -187,3 +187,51 @@ def dead_letter_undecodable(receiver: Any, item: Undecodable, reason: str, descr
             info={RECEIVER_LINK_DEAD_LETTER_REASON: reason, RECEIVER_LINK_DEAD_LETTER_ERROR_DESCRIPTION: description},
         ),
     )
+
+
+#: How long the pump may leave its connection unread before it listens on it itself (the
+#: interval of the SDK's own keep-alive for a receiver without prefetch).
+KEEP_ALIVE_SECONDS = 5.0
+
+
+class PumpKeepAlive:
+    """Installed on one ``ServiceBusReceiver`` before it opens: the SDK's keep-alive thread off,
+    its listening done by the pump's own thread instead.
+
+    For a peek-lock receiver without prefetch, azure-servicebus (7.15, pyamqp) starts a
+    thread that every 5 s listens on the connection for up to its socket timeout (0.2 s),
+    holding the transport's socket lock all that time (``AMQPClient._keep_alive``,
+    ``_AbstractTransport.read``). The pump's settlement, or the flow of its next receive,
+    waits behind it: the message after it reached its function ~200 ms late, a few times a
+    minute per trigger (measured: the light-load p95 send → done, BENCHMARKS.md "Where the
+    CPU goes, and what was cut"). The Functions host's .NET client has no such thread. The
+    pump reads the connection on every receive call (at most ``RECEIVE_WAIT_SECONDS``
+    apart); when it has not (every message slot busy, or draining on stop) for
+    :data:`KEEP_ALIVE_SECONDS`, :meth:`listen` does what the SDK's thread did, on the pump's
+    thread: the connection is read (heartbeats, the broker's frames) as often as before,
+    and nothing holds its lock while the pump needs it.
+    """
+
+    def __init__(self, receiver: Any) -> None:
+        self.installed = False
+        create = getattr(receiver, "_create_handler", None)
+        if create is None or not callable(create):
+            return
+
+        def create_handler(*args: Any, **kwargs: Any) -> Any:
+            result = create(*args, **kwargs)
+            handler = getattr(receiver, "_handler", None)
+            if handler is not None and hasattr(handler, "_keep_alive_interval"):
+                handler._keep_alive_interval = 0  # read by open(): no thread is started
+            return result
+
+        receiver._create_handler = create_handler
+        self.installed = True
+
+    def listen(self, receiver: Any) -> None:
+        """What the SDK's keep-alive thread does on each of its turns, here on the caller's thread."""
+        handler = getattr(receiver, "_handler", None)
+        connection, link = getattr(handler, "_connection", None), getattr(handler, "_link", None)
+        if not self.installed or connection is None or link is None:
+            return
+        connection.listen(wait=handler._socket_timeout, batch=link.current_link_credit)

@@ -1,0 +1,53 @@
+"""The Service Bus trigger's receiver runs no SDK keep-alive thread: its pump listens itself.
+
+azure-servicebus starts, for a peek-lock receiver without prefetch, a thread that every 5 s
+reads the connection for up to 0.2 s holding the transport's socket lock, and a settlement
+or the next receive's flow waits behind it (servicebus_wire.PumpKeepAlive). On the project's
+emulator, over real sockets: the SDK does start that thread on a plain receiver (the
+behaviour worked around, pinned), the pump's receiver has none, and its own listen reads
+the connection while the receiver goes on receiving and settling."""
+
+from __future__ import annotations
+
+import threading
+
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
+
+from tools.funchost.servicebus_wire import PumpKeepAlive
+
+
+def _keep_alive_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.is_alive() and "_keep_alive" in t.name]
+
+
+def test_a_plain_receiver_without_prefetch_gets_the_sdks_keep_alive_thread(servicebus_emulator, unique_name):
+    queue = unique_name("ka")
+    servicebus_emulator.declare_queue(queue)
+    before = set(_keep_alive_threads())
+    with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
+        with client.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0) as receiver:
+            receiver.receive_messages(max_message_count=1, max_wait_time=0.1)
+            assert receiver._handler._keep_alive_thread is not None  # noqa: SLF001 - the SDK behaviour worked around
+            assert set(_keep_alive_threads()) - before
+
+
+def test_the_pumps_receiver_has_none_and_listens_on_its_own_thread(servicebus_emulator, unique_name):
+    queue = unique_name("ka")
+    servicebus_emulator.declare_queue(queue)
+    with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
+        receiver = client.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0)
+        keep_alive = PumpKeepAlive(receiver)
+        assert keep_alive.installed
+        before = set(_keep_alive_threads())
+        with receiver:
+            assert receiver.receive_messages(max_message_count=1, max_wait_time=0.1) == []
+            assert receiver._handler._keep_alive_thread is None  # noqa: SLF001
+            assert not set(_keep_alive_threads()) - before
+            keep_alive.listen(receiver)  # what the SDK's thread did, here, between receive calls
+            with client.get_queue_sender(queue) as sender:
+                sender.send_messages(ServiceBusMessage(b"after the listen"))
+            (message,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            assert str(message) == "after the listen"
+            receiver.complete_message(message)
+        with client.get_queue_receiver(queue) as check:
+            assert check.receive_messages(max_message_count=1, max_wait_time=0.5) == []  # completed, not released
