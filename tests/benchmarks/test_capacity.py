@@ -97,8 +97,9 @@ def test_operations_record_tells_a_steps_executions_from_the_orders_fixed_part()
 def test_steps_scale_the_per_step_part_only(operations, counts):
     five = capacity.counts(operations, 5)
     step = operations["per_step"]
-    # A step's requests: its transaction and the scheduler's read of the order's partition.
-    assert step["table"]["reads"] > 0.9
+    # A step's requests: its transaction and the scheduler's read of the order's partition,
+    # charged at least once per step though one host's run reads from its cache (a miss at scale).
+    assert capacity.READS_PER_STEP >= 1
     assert five.table_requests - counts.table_requests == pytest.approx(
         2 * (step["table"]["requests"] + max(step["table"]["reads"], capacity.READS_PER_STEP)))
     assert five.sb_credits - counts.sb_credits == pytest.approx(2 * (step["servicebus"]["sends"]
