@@ -7,10 +7,12 @@ output bindings, HTTP) and the Python worker, which runs the functions. The loca
 share, tools/funchost/invoke.py). The rest of the process's CPU is the local host emulating
 Azure's: it is not what the app costs in Azure, where the .NET host does that work.
 
-``python -m benchmarks.hostcpu [--orders 200] [--profile] [--top 25]`` runs orders through
-one host on a local stack of its own and prints both per order, by trigger type; with
-``--profile`` it also samples the host with py-spy (a pinned dev dependency) and prints the
-functions the samples were in, the function side's threads apart from the host's.
+``python -m benchmarks.hostcpu [--orders 200] [--profile] [--top 25] [--no-telemetry]`` runs
+orders through one host on a local stack of its own and prints both per order, by trigger
+type; with ``--profile`` it also samples the host with py-spy (a pinned dev dependency) and
+prints the functions the samples were in, the function side's threads apart from the host's;
+with ``--no-telemetry`` the host writes no spans or metrics files (run it both ways, back to
+back, for what the app's telemetry costs).
 """
 
 from __future__ import annotations
