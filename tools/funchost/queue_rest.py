@@ -21,8 +21,8 @@ unreachable, a connect timeout) ``ServiceRequestError``: never sent; a connectio
 timed out once the request was on it, or an answer that is not HTTP, ``ServiceResponseError``:
 maybe applied (as urllib3's errors mapped before). A delete and a send are retried
 as the Functions host's SDK client retries them (a dropped connection, 408, 429, 5xx: three
-more tries, 0.8 s doubling: Azure.Core's ``RetryOptions`` defaults, azure-sdk-for-net
-``sdk/core/Azure.Core/src/RetryOptions.cs``, read 2026-11-25); a poll is not (its listener
+more tries, 0.8 s doubling, each wait ±20%: Azure.Core's ``RetryOptions`` defaults, azure-sdk-for-net
+``sdk/core/Azure.Core/src/RetryOptions.cs`` and ``DelayStrategy.cs``, read 2026-11-25 and 2026-11-27); a poll is not (its listener
 polls again after its back-off, as the Functions host's listener does after a failed poll).
 """
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import random
 import socket
 import ssl
 import threading
@@ -55,6 +56,11 @@ CONNECT_TIMEOUT, READ_TIMEOUT = 20.0, 60.0
 #: Retries of a delete or a send, and the first wait before one (doubling): Azure.Core's RetryOptions defaults.
 RETRIES = 3
 RETRY_DELAY = 0.8
+#: Each wait is drawn between these factors of its nominal delay, as Azure.Core's exponential
+#: delay strategy draws it (``DelayStrategy.CreateExponentialDelayStrategy``: minJitterFactor 0.8,
+#: maxJitterFactor 1.2; azure-sdk-for-net ``sdk/core/Azure.Core/src/DelayStrategy.cs``, read
+#: 2026-11-27), so hosts whose calls failed together do not retry in step.
+RETRY_JITTER = (0.8, 1.2)
 _RETRIED_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 XML = "application/xml"
 
@@ -98,7 +104,7 @@ class LeanQueue:
                 retried = status is None or status in _RETRIED_STATUS
                 if isinstance(error, ResourceNotFoundError) or not retried or attempt == RETRIES:
                     raise
-            time.sleep(delay)
+            time.sleep(delay * random.uniform(*RETRY_JITTER))
             delay *= 2
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ import pytest
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError, ServiceRequestError, ServiceResponseError
 from azure.storage.queue import QueueClient
 
-from tools.funchost.queue_rest import HttpConnections, lean_queue
+from tools.funchost.queue_rest import RETRIES, RETRY_DELAY, RETRY_JITTER, HttpConnections, lean_queue
 
 from .support import eventually
 
@@ -175,8 +175,8 @@ def test_an_idle_connection_the_server_closed_is_replaced_and_failures_are_the_s
 
 
 def test_a_delete_is_retried_after_a_dropped_connection_a_poll_is_not(queue):
-    """The Functions host's client retries a delete whose connection dropped under it (after 0.8 s,
-    Azure.Core's default); the poller polls again after its back-off instead."""
+    """The Functions host's client retries a delete whose connection dropped under it (after 0.8 s
+    ±20%, Azure.Core's default); the poller polls again after its back-off instead."""
     rest = lean_queue(queue, pool_size=1)
     rest.send("x")
     (message,) = rest.receive(1, 30)
@@ -196,9 +196,28 @@ def test_a_delete_is_retried_after_a_dropped_connection_a_poll_is_not(queue):
     )
     started = time.monotonic()
     lean_queue(through, pool_size=1).delete(message.id, message.pop_receipt)
-    assert time.monotonic() - started >= 0.8 and len(server.requests) == 2
+    assert time.monotonic() - started >= RETRY_DELAY * RETRY_JITTER[0] and len(server.requests) == 2
     assert queue.get_queue_properties().approximate_message_count == 0
     started = time.monotonic()
     with pytest.raises(ServiceResponseError):
         lean_queue(through, pool_size=1).receive(1, 30)
-    assert time.monotonic() - started < 0.8 and len(server.requests) == 3
+    assert time.monotonic() - started < RETRY_DELAY * RETRY_JITTER[0] and len(server.requests) == 3
+
+
+def test_a_delete_failing_every_time_waits_doubling_delays_each_drawn_within_20_percent(queue, monkeypatch):
+    """Three more tries after the first, as Azure.Core retries: waits of 0.8, 1.6 and 3.2 s, each
+    drawn ±20% (so hosts that failed together spread out), then the error. The waits are taken
+    from the sleep call, not slept."""
+    waits: list[float] = []
+    monkeypatch.setattr("tools.funchost.queue_rest.time.sleep", waits.append)
+    server = _ScriptedServer(*[_reset] * (RETRIES + 1))
+    through = QueueClient(
+        f"http://127.0.0.1:{server.port}/{queue.account_name}", queue.queue_name, credential=queue.credential
+    )
+    with pytest.raises(ServiceResponseError):
+        lean_queue(through, pool_size=1).delete("00000000-0000-0000-0000-000000000000", "receipt")
+    assert len(server.requests) == RETRIES + 1 and len(waits) == RETRIES
+    for attempt, wait in enumerate(waits):
+        nominal = RETRY_DELAY * 2**attempt
+        assert nominal * RETRY_JITTER[0] <= wait <= nominal * RETRY_JITTER[1], (attempt, wait)
+    assert {round(wait / (RETRY_DELAY * 2**attempt), 9) for attempt, wait in enumerate(waits)} != {1.0}  # drawn
