@@ -13,14 +13,17 @@ header blocks (BENCHMARKS.md, "Where the CPU goes, and what was cut").
 :class:`LeanHTTPResponse` is ``http.client``'s ``HTTPResponse`` in every respect but one: a
 header block in the plain form every storage answer has (each line ``Name: value``, the
 name printable ASCII without a colon, no folded continuation line, nothing past Latin-1
-that ``http.client`` would decode any differently) becomes the same ``HTTPMessage`` (the
-same headers, names and values, in the same order, ``set_raw`` as the parser sets them)
-without the parser; any other block goes to ``http.client.parse_headers`` exactly as
-before. The rest of ``begin`` (the status line, 100 Continue, chunked, Content-Length,
-keep-alive) is CPython 3.11's, the app's runtime (infra/app/function-app.bicep), unchanged
-but for that one call; tests/unit/test_http_answer.py holds the two to the same result on
-generated answers and pins the code mirrored (a new Python version fails it until this
-module is checked against it).
+that ``http.client`` would decode any differently) becomes an ``HTTPMessage`` with the same
+headers (names and values, in the same order, ``set_raw`` as the parser sets them) without
+the parser; any other block, and any ``message/*`` answer (the parser reads its body as a
+message), goes to ``http.client.parse_headers`` exactly as before. One difference is left,
+which nothing here reads (``lean_http`` and azure-core read the headers only): for a
+``multipart/*`` answer the parser also records, in the message's ``defects``, that the block
+held no body parts; the lean message records none. The rest of ``begin`` (the status line,
+100 Continue, chunked, Content-Length, keep-alive) is CPython 3.11's, the app's runtime
+(infra/app/function-app.bicep), unchanged but for that one call; tests/unit/test_http_answer.py
+holds the two to the same result on generated answers and pins the code mirrored (a new
+Python version fails it until this module is checked against it).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ def plain_headers(lines: list[bytes]) -> HTTPMessage | None:
         message.set_raw(match[1].decode("ascii"), match[2].decode("iso-8859-1"))
     if lines[-1] not in (b"\r\n", b"\n"):
         return None  # the answer ended inside its header block: the parser says how
+    if message.get_content_maintype() == "message":
+        return None  # the parser reads such a body as a message of its own
     message.set_payload("")
     return message
 
@@ -52,7 +57,8 @@ def plain_headers(lines: list[bytes]) -> HTTPMessage | None:
 def read_headers(fp) -> HTTPMessage:
     """``http.client.parse_headers(fp)``, without the ``email`` parser when the block is plain."""
     lines = http.client._read_headers(fp)  # noqa: SLF001 - the line reader parse_headers itself uses
-    return plain_headers(lines) or http.client.parse_headers(_Lines(lines))
+    message = plain_headers(lines)
+    return message if message is not None else http.client.parse_headers(_Lines(lines))
 
 
 class _Lines:

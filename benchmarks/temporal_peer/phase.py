@@ -239,7 +239,7 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
         compare(f"cpu_infra_ms.{processes}", "CPU per order, infrastructure (Azurite + Service Bus emulator vs "
                 f"Temporal server), {hosts_vs_workers(processes)}", ours.cpu_ms(processes, app=False),
                 theirs.cpu_ms(processes, app=False), "ms")
-    if traced is not None:
+    if traced is not None and 1 in traced.runs and 1 in theirs.runs:
         with_files = "1 host with its spans and metrics written vs 1 worker process"
         compare("traced.orders_per_s.1", f"orders/s at saturation, {with_files}", traced.runs[1].per_second,
                 theirs.runs[1].per_second, "orders/s", side=TRACED)
@@ -253,7 +253,7 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
                   "Temporal's 1 worker; app-side CPU per order ≤ Temporal worker's; p50 at light load ≤ 0.5 × "
                   "Temporal's. Other processes on the machine kept "
                   + " and ".join(f"{format_value(side.other_cores)} cores busy during {side.name}'s runs"
-                                 for side in (ours, theirs) if side.other_cores is not None)
+                                 for side in (ours, traced, theirs) if side is not None and side.other_cores is not None)
                   + " (the machine is shared: timings under other load are pessimistic; CPU per order much less so).")
     detail = []
     for side in (ours, theirs) if traced is None else (ours, traced, theirs):

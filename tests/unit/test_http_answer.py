@@ -4,6 +4,8 @@ sends; the stdlib code it mirrors is the one reviewed."""
 
 from __future__ import annotations
 
+import email._policybase
+import email.feedparser
 import hashlib
 import http.client
 import inspect
@@ -30,11 +32,17 @@ def _read(cls, raw: bytes, method: str = "GET") -> dict:
         body = answer.read()
     except http.client.HTTPException as error:  # the same refusal either way
         return {"error": type(error).__name__}
-    return {
+    read = {
         "status": answer.status, "reason": answer.reason, "version": answer.version,
         "headers": answer.getheaders(), "chunked": answer.chunked, "will_close": answer.will_close,
         "length": answer.length, "body": body, "content_type": answer.headers.get_content_type(),
+        "is_multipart": answer.headers.is_multipart(),
     }
+    if answer.headers.get_content_maintype() != "multipart":  # there the parser's defects differ (the module)
+        payload = answer.headers.get_payload()
+        read["payload"] = [part.items() for part in payload] if isinstance(payload, list) else payload
+        read["defects"] = [type(defect).__name__ for defect in answer.headers.defects]
+    return read
 
 
 def _same(raw: bytes, method: str = "GET") -> None:
@@ -61,6 +69,11 @@ def test_the_storage_shapes_read_alike_and_take_the_lean_path():
         assert plain_headers([line + b"\r\n" for line in head] + [b"\r\n"]) is not None
 
 
+def test_a_message_answer_goes_to_the_email_parser():
+    assert plain_headers([b"Content-Type: message/http\r\n", b"\r\n"]) is None
+    _same(b"HTTP/1.1 200 OK\r\nContent-Type: message/http\r\nContent-Length: 0\r\n\r\n")
+
+
 def test_what_is_not_plain_goes_to_the_email_parser_and_reads_alike():
     folded = b"HTTP/1.1 200 OK\r\nX-A: one\r\n two\r\nContent-Length: 0\r\n\r\n"
     no_colon = b"HTTP/1.1 200 OK\r\nX-A one\r\nContent-Length: 0\r\n\r\n"
@@ -83,9 +96,13 @@ _VALUE = st.text(st.characters(min_codepoint=0, max_codepoint=255), max_size=30)
     status=st.sampled_from([b"200 OK", b"201 Created", b"204 No Content", b"304 Not Modified", b"412 Precondition"]),
     framing=st.sampled_from(["length", "chunked", "close", "none"]),
     method=st.sampled_from(["GET", "HEAD", "POST"]),
+    content_type=st.sampled_from([None, "application/json", "multipart/mixed; boundary=b_1", "message/http",
+                                  "text/plain; charset=utf-8", "multipart/mixed"]),
 )
-def test_generated_answers_read_alike(headers, status, framing, method):
+def test_generated_answers_read_alike(headers, status, framing, method, content_type):
     lines = [name.encode("latin-1") + b":" + value.encode("latin-1") + end for name, value, end in headers]
+    if content_type is not None:
+        lines.insert(0, b"Content-Type: " + content_type.encode() + b"\r\n")
     framing_lines = {
         "length": [b"Content-Length: 4\r\n"],
         "chunked": [b"Transfer-Encoding: chunked\r\n"],
@@ -104,6 +121,8 @@ MIRRORED = {
     "HTTPResponse.begin": (http.client.HTTPResponse.begin, "e06ec06b08"),
     "parse_headers": (http.client.parse_headers, "38aa1ecf42"),
     "_read_headers": (http.client._read_headers, "6c136b6373"),
+    "FeedParser._parse_headers": (email.feedparser.FeedParser._parse_headers, "68a180f6d4"),
+    "Compat32.header_source_parse": (email._policybase.Compat32.header_source_parse, "40e079281d"),
 }
 
 

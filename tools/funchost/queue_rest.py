@@ -61,6 +61,8 @@ RETRY_DELAY = 0.8
 #: maxJitterFactor 1.2; azure-sdk-for-net ``sdk/core/Azure.Core/src/DelayStrategy.cs``, read
 #: 2026-11-27), so hosts whose calls failed together do not retry in step.
 RETRY_JITTER = (0.8, 1.2)
+#: How a retry waits (a name of its own, so that a test can take the waits without sleeping).
+_sleep = time.sleep
 _RETRIED_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 XML = "application/xml"
 
@@ -104,7 +106,7 @@ class LeanQueue:
                 retried = status is None or status in _RETRIED_STATUS
                 if isinstance(error, ResourceNotFoundError) or not retried or attempt == RETRIES:
                     raise
-            time.sleep(delay * random.uniform(*RETRY_JITTER))
+            _sleep(delay * random.uniform(*RETRY_JITTER))
             delay *= 2
 
     def close(self) -> None:

@@ -213,25 +213,48 @@ class PumpKeepAlive:
     """
 
     def __init__(self, receiver: Any) -> None:
+        #: Whether the receive client made last had its keep-alive thread turned off.
         self.installed = False
         create = getattr(receiver, "_create_handler", None)
         if create is None or not callable(create):
+            _warn_keep_alive_once("ServiceBusReceiver._create_handler")
             return
 
-        def create_handler(*args: Any, **kwargs: Any) -> Any:
+        def create_handler(*args: Any, **kwargs: Any) -> Any:  # also on the SDK's own reopen
             result = create(*args, **kwargs)
             handler = getattr(receiver, "_handler", None)
-            if handler is not None and hasattr(handler, "_keep_alive_interval"):
+            self.installed = handler is not None and hasattr(handler, "_keep_alive_interval")
+            if self.installed:
                 handler._keep_alive_interval = 0  # read by open(): no thread is started
+            else:
+                _warn_keep_alive_once("the receive client's _keep_alive_interval")
             return result
 
         receiver._create_handler = create_handler
-        self.installed = True
 
     def listen(self, receiver: Any) -> None:
-        """What the SDK's keep-alive thread does on each of its turns, here on the caller's thread."""
+        """What the SDK's keep-alive thread does on each of its turns, here on the caller's thread,
+        failures included: logged at debug and left to the next receive, settlement or renewal,
+        whose retries reopen the connection, as the thread left them."""
         handler = getattr(receiver, "_handler", None)
         connection, link = getattr(handler, "_connection", None), getattr(handler, "_link", None)
-        if not self.installed or connection is None or link is None:
+        if connection is None or link is None:
             return
-        connection.listen(wait=handler._socket_timeout, batch=link.current_link_credit)
+        try:
+            connection.listen(wait=handler._socket_timeout, batch=link.current_link_credit)
+        except Exception as error:  # noqa: BLE001 - as AMQPClient._keep_alive catches it
+            log.debug("keep-alive listen on the receiver's connection failed: %r", error)
+
+
+_keep_alive_warned = False
+
+
+def _warn_keep_alive_once(what: str) -> None:
+    global _keep_alive_warned
+    if not _keep_alive_warned:
+        _keep_alive_warned = True
+        log.warning(
+            "this azure-servicebus version has no %s: the SDK's keep-alive thread stays on, and a Service Bus "
+            "message may reach its function up to its socket timeout late",
+            what,
+        )

@@ -209,7 +209,7 @@ def test_a_delete_failing_every_time_waits_doubling_delays_each_drawn_within_20_
     drawn ±20% (so hosts that failed together spread out), then the error. The waits are taken
     from the sleep call, not slept."""
     waits: list[float] = []
-    monkeypatch.setattr("tools.funchost.queue_rest.time.sleep", waits.append)
+    monkeypatch.setattr("tools.funchost.queue_rest._sleep", waits.append)
     server = _ScriptedServer(*[_reset] * (RETRIES + 1))
     through = QueueClient(
         f"http://127.0.0.1:{server.port}/{queue.account_name}", queue.queue_name, credential=queue.credential
