@@ -36,7 +36,14 @@ MAX_KEPT = 1000
 # Transfer performative fields (AMQP 1.0 part 2.7.5), as pyamqp's TransferFrame orders them.
 _DELIVERY_ID, _DELIVERY_TAG, _MORE, _ABORTED, _PAYLOAD = 1, 2, 5, 9, 11
 
-_warned = False
+#: What each missing hook costs, said once per kind (the tap, the keep-alive).
+_CONSEQUENCE = {
+    "tap": "message properties are converted from the SDK's decoded values (a binary and a string message id "
+           "look alike there)",
+    "keep-alive": "the SDK's keep-alive thread stays on, and a Service Bus message may reach its function up to "
+                  "its socket timeout late",
+}
+_warned: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -157,15 +164,10 @@ class DeliveryTap:
         link._funchost_tap = True
 
 
-def _warn_once(what: str) -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        log.warning(
-            "this azure-servicebus version has no %s: message properties are converted from the SDK's decoded "
-            "values (a binary and a string message id look alike there)",
-            what,
-        )
+def _warn_once(what: str, kind: str = "tap") -> None:
+    if kind not in _warned:
+        _warned.add(kind)
+        log.warning("this azure-servicebus version has no %s: %s", what, _CONSEQUENCE[kind])
 
 
 def dead_letter_undecodable(receiver: Any, item: Undecodable, reason: str, description: str) -> None:
@@ -217,7 +219,7 @@ class PumpKeepAlive:
         self.installed = False
         create = getattr(receiver, "_create_handler", None)
         if create is None or not callable(create):
-            _warn_keep_alive_once("ServiceBusReceiver._create_handler")
+            _warn_once("ServiceBusReceiver._create_handler", "keep-alive")
             return
 
         def create_handler(*args: Any, **kwargs: Any) -> Any:  # also on the SDK's own reopen
@@ -227,7 +229,7 @@ class PumpKeepAlive:
             if self.installed:
                 handler._keep_alive_interval = 0  # read by open(): no thread is started
             else:
-                _warn_keep_alive_once("the receive client's _keep_alive_interval")
+                _warn_once("the receive client's _keep_alive_interval", "keep-alive")
             return result
 
         receiver._create_handler = create_handler
@@ -245,16 +247,3 @@ class PumpKeepAlive:
         except Exception as error:  # noqa: BLE001 - as AMQPClient._keep_alive catches it
             log.debug("keep-alive listen on the receiver's connection failed: %r", error)
 
-
-_keep_alive_warned = False
-
-
-def _warn_keep_alive_once(what: str) -> None:
-    global _keep_alive_warned
-    if not _keep_alive_warned:
-        _keep_alive_warned = True
-        log.warning(
-            "this azure-servicebus version has no %s: the SDK's keep-alive thread stays on, and a Service Bus "
-            "message may reach its function up to its socket timeout late",
-            what,
-        )

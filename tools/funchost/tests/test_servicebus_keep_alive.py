@@ -9,6 +9,7 @@ the connection while the receiver goes on receiving and settling."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
@@ -31,7 +32,10 @@ def test_a_plain_receiver_without_prefetch_gets_the_sdks_keep_alive_thread(servi
             assert set(_keep_alive_threads()) - before
 
 
-def test_the_pumps_receiver_has_none_and_listens_on_its_own_thread(servicebus_emulator, unique_name):
+@contextlib.contextmanager
+def _pump_receiver(servicebus_emulator, unique_name):
+    """A fresh queue, and a receiver as the pump makes it (PumpKeepAlive installed), opened and
+    used once: (client, queue, receiver, keep_alive, keep-alive threads that were there before)."""
     queue = unique_name("ka")
     servicebus_emulator.declare_queue(queue)
     with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
@@ -40,15 +44,21 @@ def test_the_pumps_receiver_has_none_and_listens_on_its_own_thread(servicebus_em
         before = set(_keep_alive_threads())
         with receiver:
             assert receiver.receive_messages(max_message_count=1, max_wait_time=0.1) == []
-            assert keep_alive.installed
-            assert receiver._handler._keep_alive_thread is None  # noqa: SLF001
-            assert not set(_keep_alive_threads()) - before
-            keep_alive.listen(receiver)  # what the SDK's thread did, here, between receive calls
-            with client.get_queue_sender(queue) as sender:
-                sender.send_messages(ServiceBusMessage(b"after the listen"))
-            (message,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
-            assert str(message) == "after the listen"
-            receiver.complete_message(message)
+            yield client, queue, receiver, keep_alive, before
+
+
+def test_the_pumps_receiver_has_none_and_listens_on_its_own_thread(servicebus_emulator, unique_name):
+    with _pump_receiver(servicebus_emulator, unique_name) as (client, queue, receiver, keep_alive, before):
+        assert keep_alive.installed
+        assert receiver._handler._keep_alive_thread is None  # noqa: SLF001
+        assert not set(_keep_alive_threads()) - before
+        keep_alive.listen(receiver)  # what the SDK's thread did, here, between receive calls
+        with client.get_queue_sender(queue) as sender:
+            sender.send_messages(ServiceBusMessage(b"after the listen"))
+        (message,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+        assert str(message) == "after the listen"
+        receiver.complete_message(message)
+    with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
         with client.get_queue_receiver(queue) as check:
             assert check.receive_messages(max_message_count=1, max_wait_time=0.5) == []  # completed, not released
 
@@ -59,26 +69,18 @@ def test_the_sdks_own_reopen_starts_no_thread_and_a_failed_listen_is_left_to_the
     """The SDK reopens a receiver's handler after a connection error (its retries): the hook is on
     the receiver, so the new handler starts no thread either. A listen whose connection has failed
     raises nothing on the pump (the SDK's thread logged it too); the next SDK call reopens."""
-    queue = unique_name("ka")
-    servicebus_emulator.declare_queue(queue)
-    with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
-        receiver = client.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0)
-        keep_alive = PumpKeepAlive(receiver)
-        before = set(_keep_alive_threads())
-        with receiver:
-            receiver.receive_messages(max_message_count=1, max_wait_time=0.1)
-            receiver._close_handler()  # noqa: SLF001 - what the SDK's retry does before reopening
-            receiver._open()  # noqa: SLF001
-            assert keep_alive.installed and receiver._handler._keep_alive_thread is None  # noqa: SLF001
-            assert not set(_keep_alive_threads()) - before
+    from azure.servicebus._pyamqp.error import AMQPConnectionError, ErrorCondition
 
-            from azure.servicebus._pyamqp.error import AMQPConnectionError, ErrorCondition
-
-            connection = receiver._handler._connection  # noqa: SLF001
-            connection._error = AMQPConnectionError(ErrorCondition.SocketError, description="dropped")  # noqa: SLF001
-            keep_alive.listen(receiver)  # logged, not raised
-            connection._error = None  # noqa: SLF001
-            with client.get_queue_sender(queue) as sender:
-                sender.send_messages(ServiceBusMessage(b"still received"))
-            (message,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
-            receiver.complete_message(message)
+    with _pump_receiver(servicebus_emulator, unique_name) as (client, queue, receiver, keep_alive, before):
+        receiver._close_handler()  # noqa: SLF001 - what the SDK's retry does before reopening
+        receiver._open()  # noqa: SLF001
+        assert keep_alive.installed and receiver._handler._keep_alive_thread is None  # noqa: SLF001
+        assert not set(_keep_alive_threads()) - before
+        connection = receiver._handler._connection  # noqa: SLF001
+        connection._error = AMQPConnectionError(ErrorCondition.SocketError, description="dropped")  # noqa: SLF001
+        keep_alive.listen(receiver)  # logged, not raised
+        connection._error = None  # noqa: SLF001
+        with client.get_queue_sender(queue) as sender:
+            sender.send_messages(ServiceBusMessage(b"still received"))
+        (message,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+        receiver.complete_message(message)
