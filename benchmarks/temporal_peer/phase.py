@@ -154,48 +154,34 @@ class TemporalDriver:
         self.loop.close()
 
 
-def measure(driver: StackDriver | TemporalDriver, plan, counter) -> Side:
-    """One side's runs, the same for both: warm-up, the light load on one process, then a
-    saturation run per process count (processes added, and warmed up, as needed)."""
-    side = Side(driver.name, app_prefix=driver.unit)
+def measure(driver: StackDriver | TemporalDriver, plan, counter, *, name: str | None = None, light: bool = True,
+            processes: tuple[int, ...] | None = None) -> Side:
+    """One side's runs, the same for both: warm-up, the light load on one process (unless
+    ``light`` is False), then a saturation run per process count (``processes``, by default
+    the plan's; processes added, and warmed up, as needed). ``name``: the side's, if not the
+    driver's (this stack once more with its telemetry files written: :data:`TRACED`)."""
+    side = Side(name or driver.name, app_prefix=driver.unit)
     other = OtherLoad()
     other.start()
     try:
         driver.warm_up("peer-warm1-", plan.warm_up_orders)
-        count = max(1, int(plan.latency_rate * plan.peer_latency_seconds))
-        side.light = driver.steady(
-            "peer-lat-", rate=plan.latency_rate, seconds=plan.peer_latency_seconds, timeout=120,
-            progress=counter(f"temporal phase, {driver.name}: {plan.latency_rate:g} orders/s (1 {driver.unit})", count),
-        )
-        for processes in plan.peer_processes:
-            missing = processes - driver.processes()
+        if light:
+            count = max(1, int(plan.latency_rate * plan.peer_latency_seconds))
+            side.light = driver.steady(
+                "peer-lat-", rate=plan.latency_rate, seconds=plan.peer_latency_seconds, timeout=120,
+                progress=counter(f"temporal phase, {side.name}: {plan.latency_rate:g} orders/s (1 {driver.unit})",
+                                 count),
+            )
+        for count in processes or plan.peer_processes:
+            missing = count - driver.processes()
             if missing > 0:
                 driver.add(missing)
-                driver.warm_up(f"peer-warm{processes}-", plan.warm_up_orders)
-            side.runs[processes] = driver.throughput(
-                f"peer-sat{processes}-", plan.peer_orders, timeout=plan.pipeline_timeout,
-                progress=counter(f"temporal phase, {driver.name}: {plan.peer_orders} orders, {processes} "
+                driver.warm_up(f"peer-warm{count}-", plan.warm_up_orders)
+            side.runs[count] = driver.throughput(
+                f"peer-sat{count}-", plan.peer_orders, timeout=plan.pipeline_timeout,
+                progress=counter(f"temporal phase, {side.name}: {plan.peer_orders} orders, {count} "
                                  f"{driver.unit}(s)", plan.peer_orders * pipeline.STEPS),
             )
-    finally:
-        driver.close()
-    side.other_cores = other.stop()
-    return side
-
-
-def measure_traced(driver: StackDriver, plan, counter) -> Side:
-    """This stack once more, its hosts writing their spans and metric points (as the demo
-    and Azure run it): warm-up, then one saturation run on one host."""
-    side = Side(TRACED, app_prefix=driver.unit)
-    other = OtherLoad()
-    other.start()
-    try:
-        driver.warm_up("peer-traced-warm-", plan.warm_up_orders)
-        side.runs[1] = driver.throughput(
-            "peer-traced-sat1-", plan.peer_orders, timeout=plan.pipeline_timeout,
-            progress=counter(f"temporal phase, {TRACED}: {plan.peer_orders} orders, 1 host",
-                             plan.peer_orders * pipeline.STEPS),
-        )
     finally:
         driver.close()
     side.other_cores = other.stop()
@@ -328,8 +314,8 @@ def run(section: Section, plan, *, app_stack: Callable[..., AbstractContextManag
     found = versions()
     with app_stack(telemetry=False) as stack:
         ours = measure(StackDriver(stack), plan, counter)
-    with app_stack(telemetry=True) as stack:
-        traced = measure_traced(StackDriver(stack), plan, counter)
+    with app_stack(telemetry=True) as stack:  # one saturation run on one host, its telemetry files written
+        traced = measure(StackDriver(stack), plan, counter, name=TRACED, light=False, processes=(1,))
     with TemporalStack(log_dir).start(workers=1) as stack:
         theirs = measure(TemporalDriver(stack), plan, counter)
     build(section, plan, ours, theirs, found, traced)
