@@ -91,18 +91,7 @@ class DeliveryTap:
     # --- the hooks ------------------------------------------------------------------
 
     def _install(self, receiver: Any) -> bool:
-        create = getattr(receiver, "_create_handler", None)
-        if create is None or not callable(create):
-            _warn_once("ServiceBusReceiver._create_handler")
-            return False
-
-        def create_handler(*args: Any, **kwargs: Any) -> Any:
-            result = create(*args, **kwargs)
-            self._hook_handler(getattr(receiver, "_handler", None))
-            return result
-
-        receiver._create_handler = create_handler
-        return True
+        return _on_new_handler(receiver, self._hook_handler, "tap")
 
     def _hook_handler(self, handler: Any) -> None:
         ready = getattr(handler, "_client_ready", None)
@@ -164,6 +153,24 @@ class DeliveryTap:
         link._funchost_tap = True
 
 
+def _on_new_handler(receiver: Any, hook: Any, kind: str) -> bool:
+    """Call ``hook(handler)`` on each receive client ``receiver`` makes, before it opens (its
+    first open and the SDK's own reopens go through ``_create_handler``); False, said once
+    for ``kind``, when this SDK version has no such method."""
+    create = getattr(receiver, "_create_handler", None)
+    if create is None or not callable(create):
+        _warn_once("ServiceBusReceiver._create_handler", kind)
+        return False
+
+    def create_handler(*args: Any, **kwargs: Any) -> Any:
+        result = create(*args, **kwargs)
+        hook(getattr(receiver, "_handler", None))
+        return result
+
+    receiver._create_handler = create_handler
+    return True
+
+
 def _warn_once(what: str, kind: str = "tap") -> None:
     if kind not in _warned:
         _warned.add(kind)
@@ -217,22 +224,14 @@ class PumpKeepAlive:
     def __init__(self, receiver: Any) -> None:
         #: Whether the receive client made last had its keep-alive thread turned off.
         self.installed = False
-        create = getattr(receiver, "_create_handler", None)
-        if create is None or not callable(create):
-            _warn_once("ServiceBusReceiver._create_handler", "keep-alive")
-            return
+        _on_new_handler(receiver, self._turn_off_thread, "keep-alive")
 
-        def create_handler(*args: Any, **kwargs: Any) -> Any:  # also on the SDK's own reopen
-            result = create(*args, **kwargs)
-            handler = getattr(receiver, "_handler", None)
-            self.installed = handler is not None and hasattr(handler, "_keep_alive_interval")
-            if self.installed:
-                handler._keep_alive_interval = 0  # read by open(): no thread is started
-            else:
-                _warn_once("the receive client's _keep_alive_interval", "keep-alive")
-            return result
-
-        receiver._create_handler = create_handler
+    def _turn_off_thread(self, handler: Any) -> None:
+        self.installed = handler is not None and hasattr(handler, "_keep_alive_interval")
+        if self.installed:
+            handler._keep_alive_interval = 0  # read by open(): no thread is started
+        else:
+            _warn_once("the receive client's _keep_alive_interval", "keep-alive")
 
     def listen(self, receiver: Any) -> None:
         """What the SDK's keep-alive thread does on each of its turns, here on the caller's thread,
