@@ -9,7 +9,9 @@ Azure's: it is not what the app costs in Azure, where the .NET host does that wo
 
 ``python -m benchmarks.hostcpu [--orders 200] [--profile] [--top 25] [--no-telemetry]`` runs
 orders through one host on a local stack of its own and prints both per order, by trigger
-type; with ``--profile`` it also samples the host with py-spy (a pinned dev dependency) and
+type, and each of the host's threads' CPU and context switches per order (from ``/proc``, the
+threads named by ``py-spy dump``: the ground truth the py-spy samples are not, since
+``--gil`` samples over-weight the event loop's thread); with ``--profile`` it also samples the host with py-spy (a pinned dev dependency) and
 prints the functions the samples were in, the function side's threads apart from the host's;
 with ``--no-telemetry`` the host writes no spans or metrics files (run it both ways, back to
 back, for what the app's telemetry costs).
@@ -26,6 +28,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from benchmarks.procstat import NO_TIME, ThreadTimes
 
 _EXECUTED = re.compile(
     r"Executed 'Functions\.([^']+)' \((?:Succeeded|Failed), Id=[^,]+, Duration=\d+ms\) Cpu=([\d.]+)ms trigger=(\S+)"
@@ -101,6 +105,32 @@ def stop_profile(process: subprocess.Popen, timeout: float = 60) -> None:
     process.wait(timeout=timeout)
 
 
+_DUMPED_THREAD = re.compile(r'^Thread (\d+) \([^)]*\): "(.*)"$', re.MULTILINE)
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """The Python name of each thread of ``pid`` by its native id (``py-spy dump``), a pool's
+    number dropped (``worker-sync_3`` -> ``worker-sync``); {} when py-spy cannot read it."""
+    try:
+        dumped = subprocess.run([py_spy(), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return {int(m[1]): re.sub(r"_\d+$", "", m[2]) for m in _DUMPED_THREAD.finditer(dumped.stdout)}
+
+
+def per_thread(before: dict[int, ThreadTimes], after: dict[int, ThreadTimes], names: dict[int, str],
+               orders: int) -> list[tuple[str, float, float, float, float]]:
+    """Each thread kind's (name, user ms, system ms, voluntary and involuntary context switches)
+    per order between two readings, busiest first; threads that used no CPU are left out."""
+    kinds: dict[str, ThreadTimes] = {}
+    for tid, now in after.items():
+        name = names.get(tid, f"thread {tid}")
+        kinds[name] = kinds.get(name, NO_TIME) + (now - before.get(tid, NO_TIME))
+    rows = [(name, 1000 * t.user / orders, 1000 * t.system / orders, t.voluntary / orders, t.involuntary / orders)
+            for name, t in kinds.items() if t.user + t.system > 0]
+    return sorted(rows, key=lambda row: -(row[1] + row[2]))
+
+
 @dataclass
 class Profile:
     samples: Counter[str] = field(default_factory=Counter)  # by side: "functions" / "host"
@@ -153,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from adapters.store import StateStore
     from benchmarks import pipeline
-    from benchmarks.procstat import CpuMeter
+    from benchmarks.procstat import CpuMeter, thread_times
     from benchmarks.stack import BenchStack, OrderSender
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -178,11 +208,13 @@ def main(argv: list[str] | None = None) -> None:
         sampler = start_profile(host_pid, logs_dir / "profile.txt", args.rate) if args.profile else None
         meter = CpuMeter({"host": host_pid})
         before = stack.remote.effects()["total"]
+        threads_before = thread_times(host_pid)
         meter.start()
         sender.send([f"cpu-{i:05d}" for i in range(args.orders)])
         if not pipeline.wait_done(stack, StateStore(stack.table()), "cpu-", args.orders, before, timeout=600):
             raise SystemExit("the orders were not all processed")
         used = meter.stop()
+        threads = per_thread(threads_before, thread_times(host_pid), thread_names(host_pid), args.orders)
         if sampler is not None:
             stop_profile(sampler)
         functions = function_cpu(logs, offsets)
@@ -199,6 +231,11 @@ def main(argv: list[str] | None = None) -> None:
     for function, ms in functions.by_function.most_common():
         print(f"    function {function:<24} {ms / max(functions.invocations[function], 1):6.2f} ms per invocation, "
               f"{functions.invocations[function] / args.orders:.2f} per order")
+    print("host threads, per order (/proc: each thread's CPU and context switches; the worker's are "
+          "worker-sync and funchost-event-loop)")
+    for name, user, system, voluntary, involuntary in threads:
+        print(f"    {name:<32} {user + system:6.2f} ms ({system:5.2f} in the kernel), "
+              f"switches {voluntary:6.1f} waiting, {involuntary:5.1f} preempted")
     if args.profile:
         profile = read_profile(logs_dir / "profile.txt")
         if args.keep:

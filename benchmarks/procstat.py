@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -28,6 +29,58 @@ def cpu_seconds(pid: int | None) -> float | None:
     """User + system CPU seconds of a process so far; None if it cannot be read."""
     fields = _stat(pid) if pid is not None else None
     return _cpu(fields) if fields is not None else None
+
+
+@dataclass(frozen=True)
+class ThreadTimes:
+    """One thread's CPU seconds (user, system) and context switches so far."""
+
+    user: float
+    system: float
+    voluntary: int  # it waited (a socket, a lock, the GIL)
+    involuntary: int  # the kernel preempted it
+
+    def __add__(self, other: ThreadTimes) -> ThreadTimes:
+        return ThreadTimes(self.user + other.user, self.system + other.system,
+                           self.voluntary + other.voluntary, self.involuntary + other.involuntary)
+
+    def __sub__(self, other: ThreadTimes) -> ThreadTimes:
+        return ThreadTimes(self.user - other.user, self.system - other.system,
+                           self.voluntary - other.voluntary, self.involuntary - other.involuntary)
+
+
+#: A thread with nothing counted yet.
+NO_TIME = ThreadTimes(0.0, 0.0, 0, 0)
+
+
+def _switches(path: str) -> tuple[int, int]:
+    voluntary = involuntary = 0
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    voluntary = int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches:"):
+                    involuntary = int(line.split()[1])
+    except OSError:
+        pass
+    return voluntary, involuntary
+
+
+def thread_times(pid: int) -> dict[int, ThreadTimes]:
+    """Each live thread of a process (by its native id) with its CPU and context switches so far."""
+    found: dict[int, ThreadTimes] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        fields = _stat(f"{pid}/task/{tid}")
+        if fields is None:
+            continue
+        found[int(tid)] = ThreadTimes(int(fields[11]) / _TICK, int(fields[12]) / _TICK,
+                                      *_switches(f"/proc/{pid}/task/{tid}/status"))
+    return found
 
 
 class CpuMeter:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from benchmarks.hostcpu import function_cpu, read_profile, split_per_order
+import subprocess
+import sys
+
+from benchmarks.hostcpu import function_cpu, per_thread, read_profile, split_per_order, thread_names
+from benchmarks.procstat import ThreadTimes, thread_times
+from tests.polling import wait_until
 
 LOG = """\
 2026-11-25 02:43:11,149 INFO    [scheduler.dispatch] order o-1 claimed
@@ -55,3 +60,43 @@ def test_the_hand_written_cpu_section_is_kept_by_make_bench_and_not_read_as_a_ph
     assert cpu_section(report) == notes
     kept = kept_sections(report, {"idle": "Idle cost", "cpu": "Where the CPU goes, and what was cut"})
     assert [section.key for section in kept] == ["idle"] and "CPU" not in kept[0].kept
+
+
+def test_threads_are_grouped_by_kind_per_order_busiest_first():
+    before = {1: ThreadTimes(1.0, 0.5, 10, 1), 2: ThreadTimes(0.0, 0.0, 0, 0)}
+    after = {1: ThreadTimes(1.2, 0.6, 30, 3), 2: ThreadTimes(0.1, 0.1, 10, 1),  # 3 started after the reading
+             3: ThreadTimes(0.5, 0.0, 4, 0), 4: ThreadTimes(0.0, 0.0, 5, 0)}
+    names = {1: "listener-complete_step", 2: "worker-sync", 3: "worker-sync"}
+    rows = per_thread(before, after, names, orders=10)
+    assert [row[0] for row in rows] == ["worker-sync", "listener-complete_step"]  # 4 used no CPU
+    name, user, system, voluntary, involuntary = rows[0]
+    assert (round(user, 6), round(system, 6), voluntary, involuntary) == (60.0, 10.0, 1.4, 0.1)
+    assert [round(x, 6) for x in rows[1][1:]] == [20.0, 10.0, 2.0, 0.2]
+
+
+BUSY_CHILD = """
+import threading, time
+def spin():
+    end = time.thread_time() + 0.3
+    while time.thread_time() < end:
+        pass
+    print("spun", flush=True)
+    time.sleep(60)
+threading.Thread(target=spin, name="worker-sync_3").start()
+time.sleep(60)
+"""
+
+
+def test_a_real_process_threads_are_read_from_proc_and_named_by_py_spy():
+    child = subprocess.Popen([sys.executable, "-c", BUSY_CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "spun"
+        times = thread_times(child.pid)
+        names = wait_until(lambda: thread_names(child.pid) or None, timeout=30, what="py-spy naming the threads")
+        assert set(names) == set(times) and sorted(names.values()) == ["MainThread", "worker-sync"]
+        (spinner,) = [tid for tid, name in names.items() if name == "worker-sync"]
+        assert times[spinner].user + times[spinner].system >= 0.25
+        assert times[child.pid].user + times[child.pid].system < 0.25
+    finally:
+        child.kill()
+        child.wait()
