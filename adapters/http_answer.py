@@ -118,13 +118,34 @@ class LeanHTTPResponse(http.client.HTTPResponse):
             self.will_close = True
 
 
-class LeanHTTPConnection(http.client.HTTPConnection):
-    """``HTTPConnection`` whose answers are :class:`LeanHTTPResponse`."""
+class _OneSend:
+    """A request whose body is ``bytes`` goes out in one ``send``, its header block and body
+    together, as ``http.client`` itself sent it before chunked uploads came (Python 3.6), and
+    as urllib3 does not either: ``HTTPConnection._send_output`` sends the two apart. Each send
+    on a socket with a timeout is a ``poll`` and a ``send``, and each lets go of the GIL: under
+    load, another thread takes it and this one waits to get it back (BENCHMARKS.md, "Where the
+    CPU goes, and what was cut"). The bytes on the wire are the same. Any other body (a file, an
+    iterable, chunked) goes through ``http.client`` as it is; CPython 3.11's ``_send_output``,
+    which this mirrors for a ``bytes`` body, is pinned in tests/unit/test_http_answer.py."""
+
+    _buffer: list[bytes]
+
+    def _send_output(self, message_body=None, encode_chunked=False):
+        if encode_chunked or not isinstance(message_body, bytes):
+            return super()._send_output(message_body, encode_chunked=encode_chunked)  # type: ignore[misc]
+        self._buffer.extend((b"", b""))
+        message = b"\r\n".join(self._buffer) + message_body
+        del self._buffer[:]
+        self.send(message)  # type: ignore[attr-defined]
+
+
+class LeanHTTPConnection(_OneSend, http.client.HTTPConnection):
+    """``HTTPConnection`` whose answers are :class:`LeanHTTPResponse`, a request sent in one ``send``."""
 
     response_class = LeanHTTPResponse
 
 
-class LeanHTTPSConnection(http.client.HTTPSConnection):
-    """``HTTPSConnection`` whose answers are :class:`LeanHTTPResponse`."""
+class LeanHTTPSConnection(_OneSend, http.client.HTTPSConnection):
+    """``HTTPSConnection`` whose answers are :class:`LeanHTTPResponse`, a request sent in one ``send``."""
 
     response_class = LeanHTTPResponse

@@ -105,7 +105,8 @@ class HttpClientAdapter(BaseAdapter):
         body = request.body.encode("utf-8") if isinstance(request.body, str) else request.body
         connection = self._connection(endpoint, connect_timeout, request)
         try:
-            connection.sock.settimeout(read_timeout)
+            if connection.sock.gettimeout() != read_timeout:  # a kept connection has it already: no ioctl
+                connection.sock.settimeout(read_timeout)
             connection.request(request.method, target, body=body, headers=request.headers)
             answer = connection.getresponse()
             data = answer.read()

@@ -14,7 +14,7 @@ import io
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.http_answer import LeanHTTPResponse, plain_headers
+from adapters.http_answer import LeanHTTPConnection, LeanHTTPResponse, plain_headers
 
 
 class _Socket:
@@ -123,6 +123,7 @@ MIRRORED = {
     "_read_headers": (http.client._read_headers, "6c136b6373"),
     "FeedParser._parse_headers": (email.feedparser.FeedParser._parse_headers, "68a180f6d4"),
     "Compat32.header_source_parse": (email._policybase.Compat32.header_source_parse, "40e079281d"),
+    "HTTPConnection._send_output": (http.client.HTTPConnection._send_output, "69694d6da8"),
 }
 
 
@@ -130,3 +131,44 @@ def test_the_stdlib_code_mirrored_is_the_one_reviewed():
     for name, (code, expected) in MIRRORED.items():
         found = hashlib.sha256(inspect.getsource(code).encode()).hexdigest()[:10]
         assert found == expected, f"http.client's {name} changed: check adapters/http_answer.py, then set {found!r}"
+
+
+class _Sends:
+    """Stands in for a connected socket: records each ``sendall``."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def sendall(self, data) -> None:
+        self.sent.append(bytes(data))
+
+
+def _sent(cls, method: str, body, headers: dict[str, str], **kwargs) -> list[bytes]:
+    connection = cls("127.0.0.1", 1)
+    connection.sock = _Sends()
+    connection.request(method, "/acct/t(PartitionKey='p',RowKey='r')", body=body, headers=headers, **kwargs)
+    return connection.sock.sent
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    method=st.sampled_from(["PUT", "POST", "PATCH", "MERGE", "GET", "DELETE"]),
+    body=st.one_of(st.none(), st.binary(max_size=3000)),
+    headers=st.dictionaries(st.from_regex(r"x-ms-[a-z]{1,12}", fullmatch=True),
+                            st.from_regex(r"[ -~]{0,40}", fullmatch=True).map(str.strip), max_size=6),
+)
+def test_a_request_goes_out_as_http_client_sends_it_in_one_send(method, body, headers):
+    lean = _sent(LeanHTTPConnection, method, body, headers)
+    stdlib = _sent(http.client.HTTPConnection, method, body, headers)
+    assert b"".join(lean) == b"".join(stdlib)  # the same bytes on the wire
+    assert len(lean) == 1  # the header block and the body together
+
+
+def test_a_body_that_is_not_bytes_goes_through_http_client_as_it_is_and_text_as_its_bytes():
+    chunks = [b"ab", b"cd"]
+    lean = _sent(LeanHTTPConnection, "PUT", iter(chunks), {}, encode_chunked=True)
+    stdlib = _sent(http.client.HTTPConnection, "PUT", iter(chunks), {}, encode_chunked=True)
+    assert lean == stdlib and len(lean) > 1
+    # A str body is encoded (ISO-8859-1) by http.client before it is sent: bytes by then, one send.
+    text = _sent(LeanHTTPConnection, "PUT", "zoë", {"Content-Type": "text/plain"})
+    assert text == [b"".join(_sent(http.client.HTTPConnection, "PUT", "zoë", {"Content-Type": "text/plain"}))]
