@@ -48,7 +48,6 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
-from uuid import uuid4
 
 from azure.core.pipeline import PipelineContext, PipelineRequest, PipelineResponse
 from azure.core.rest import HttpRequest
@@ -62,6 +61,7 @@ from azure.data.tables._error import (
 from azure.data.tables._policies import StorageHeadersPolicy
 
 from adapters.http_answer import LeanHTTPResponse
+from adapters.ids import random_uuid
 
 #: A header name that ``http.client`` sends and the ``email`` parser reads as one (printable
 #: ASCII but the colon: the parser's own class of name characters).
@@ -232,7 +232,7 @@ class LeanTableClient(TableClient):
         serialised = [application_http(request) for request in reqs]
         if not reqs or None in serialised:
             return super()._batch_send(table_name, *reqs, **kwargs)
-        changeset_boundary, batch_boundary = f"changeset_{uuid4()}", f"batch_{uuid4()}"
+        changeset_boundary, batch_boundary = f"changeset_{random_uuid()}", f"batch_{random_uuid()}"
         request = HttpRequest(
             method="POST",
             url=f"{self.scheme}://{self._primary_hostname}/$batch",

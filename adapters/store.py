@@ -52,7 +52,6 @@ import itertools
 import json
 import logging
 import re
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -72,6 +71,7 @@ from azure.core.exceptions import (
 from azure.data.tables import TableClient, UpdateMode
 
 from adapters import telemetry
+from adapters.ids import random_uuid
 from core import lifecycle, names, retention
 from core.models import (
     FIRST_CLAIM_PREFIX,
@@ -921,7 +921,7 @@ class StateStore:
 
 
 def _new_write_id() -> str:
-    return uuid.uuid4().hex
+    return random_uuid().hex
 
 
 def _ambiguous(error: Exception) -> bool:

@@ -33,6 +33,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import random
 import threading
 import time
 import traceback
@@ -49,6 +50,15 @@ from azure.functions.http import HttpResponseConverter
 from .app import HTTP_OUTPUT, FunctionSpec
 
 log = logging.getLogger("funchost")
+
+#: Invocation ids and trace contexts (three random ids per invocation) are drawn here, not by
+#: ``uuid.uuid4()``: that reads the kernel's random bytes, a system call around which CPython
+#: lets go of the GIL, and under load every let-go is a hand-off to another thread. They must
+#: be unique, not secret: a Mersenne Twister of this module's own, seeded from the kernel, again
+#: in a forked child, and out of reach of code that seeds ``random``.
+_ids = random.Random()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ids.seed)
 
 
 class Out(func.Out):
@@ -104,8 +114,8 @@ class Context(func.Context):
         self._invocation_id = invocation_id
         self._function_name = function_name
         self._function_directory = function_directory
-        trace_id = uuid.uuid4().hex
-        self._trace_context = _TraceContext(f"00-{trace_id}-{uuid.uuid4().hex[:16]}-00")
+        trace_id, parent_id = _ids.getrandbits(128) or 1, _ids.getrandbits(64) or 1  # all-zero ids are invalid
+        self._trace_context = _TraceContext(f"00-{trace_id:032x}-{parent_id:016x}-00")
 
     @property
     def invocation_id(self) -> str:
@@ -354,7 +364,7 @@ class Invoker:
     ) -> Running:
         """Hand the function to the worker and return; ``on_return(running)`` is called on the thread that ran
         it once it has returned or raised (keep it short: that thread is the worker's)."""
-        invocation_id = str(uuid.uuid4())
+        invocation_id = str(uuid.UUID(int=_ids.getrandbits(128), version=4))
         started = time.monotonic()
         args: dict[str, Any] = {}
         outs: dict[str, Out] = {}
