@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="LOGGER",
         help="debug logging for these loggers only (e.g. funchost.queue: each storage-queue poller's "
-        "long waits between empty polls), the rest at the default level",
+        "long waits between empty polls; funchost.servicebus: each keep-alive read of a Service Bus "
+        "trigger's connection), the rest at the default level",
     )
     return parser
 

@@ -57,6 +57,8 @@ from .servicebus_message import ConversionError, LocalConversionFailed, function
 from .servicebus_wire import KEEP_ALIVE_SECONDS, DeliveryTap, PumpKeepAlive, Undecodable, dead_letter_undecodable
 
 log = logging.getLogger("funchost")
+#: The pumps' own debug lines (``--debug funchost.servicebus``): each keep-alive read of the connection.
+keep_alive_log = logging.getLogger("funchost.servicebus")
 
 #: How long one receive call waits for a first message; results are settled between calls.
 RECEIVE_WAIT_SECONDS = 0.5
@@ -263,7 +265,9 @@ class ServiceBusTriggerListener(Listener):
         while True:
             self._settle_results(receiver)
             self._renew_locks(receiver)
-            if time.monotonic() - read_at >= KEEP_ALIVE_SECONDS:  # no receive call for a while
+            idle = time.monotonic() - read_at
+            if idle >= KEEP_ALIVE_SECONDS:  # no receive call for a while: every slot busy, or draining
+                keep_alive_log.debug("%s: no receive call for %.1f s: reading the connection (keep-alive)", self.name, idle)
                 keep_alive.listen(receiver)
                 read_at = time.monotonic()
             if self._stopping.is_set():

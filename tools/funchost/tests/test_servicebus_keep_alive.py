@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from datetime import timedelta
 
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
 
-from tools.funchost.servicebus_wire import PumpKeepAlive
+from tools.funchost.servicebus_wire import KEEP_ALIVE_SECONDS, PumpKeepAlive
+
+from .support import APP_DIR, eventually, host_env, records
 
 
 def _keep_alive_threads() -> list[threading.Thread]:
@@ -84,3 +87,36 @@ def test_the_sdks_own_reopen_starts_no_thread_and_a_failed_listen_is_left_to_the
             sender.send_messages(ServiceBusMessage(b"still received"))
         (message,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
         receiver.complete_message(message)
+
+
+def test_a_pump_whose_every_slot_stays_busy_reads_the_connection_itself_and_goes_on(
+    funchost, servicebus_emulator, storage_connection_string, unique_name, tmp_path
+):
+    """One slot (maxConcurrentCalls 1), its function busy longer than KEEP_ALIVE_SECONDS: no receive
+    call reads the connection meanwhile, so the pump does (``--debug funchost.servicebus`` logs it), and the
+    busy message is then completed and the next one received, each delivered once."""
+    env, names = host_env(
+        servicebus_emulator, storage_connection_string, unique_name, tmp_path,
+        lock_duration=timedelta(seconds=30), enabled=("sb_record",),
+        AzureFunctionsJobHost__extensions__serviceBus__maxConcurrentCalls="1",
+    )
+    queue = names["FH_SB_QUEUE"]
+    (host,) = funchost.start(APP_DIR, env=env, args=["--debug", "funchost.servicebus"])
+    busy = KEEP_ALIVE_SECONDS + 1.5
+    with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
+        with client.get_queue_sender(queue) as sender:
+            sender.send_messages(ServiceBusMessage(f'{{"sleep": {busy}}}', message_id="busy"))
+            eventually(lambda: records(tmp_path, "sb_record", "start"), what="the busy message's invocation")
+            sender.send_messages(ServiceBusMessage(b"{}", message_id="next"))
+    line = "sb_record: no receive call for"
+    eventually(lambda: line in host.log_path.read_text(errors="replace"), timeout=busy + 10,
+               what="the pump's own keep-alive read while its slot is busy")
+    done = eventually(lambda: len(records(tmp_path, "sb_record", "done")) == 2 and records(tmp_path, "sb_record", "done"),
+                      timeout=30, what="both invocations")
+    assert [r["message_id"] for r in done] == ["busy", "next"]
+    assert [r["delivery_count"] for r in records(tmp_path, "sb_record", "start")] == [1, 1]
+    log = host.log_path.read_text(errors="replace")
+    assert log.index(line) < log.index("message_id=next")  # read while busy, before the next message came
+    with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
+        with client.get_queue_receiver(queue) as check:
+            assert check.receive_messages(max_message_count=1, max_wait_time=1) == []  # both completed
