@@ -55,7 +55,7 @@ def pair(storage_connection_string, unique_name, monkeypatch):
     """(SDK table, lean table, transport of each), the two tables created empty; uuids and dates fixed."""
     counter = itertools.count(1)
     monkeypatch.setattr(sdk_base_client, "uuid4", lambda: uuid.UUID(int=next(counter)))
-    monkeypatch.setattr(batch, "uuid4", lambda: uuid.UUID(int=next(counter)))
+    monkeypatch.setattr(batch, "random_uuid", lambda: uuid.UUID(int=next(counter)))
     now = format_date_time(0)  # any fixed date: Azurite does not check its skew
     monkeypatch.setattr(sdk_policies, "format_date_time", lambda _: now)
     tables, transports = [], []
