@@ -297,7 +297,7 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
         "processes against the worker processes; infrastructure: Azurite + the Service Bus emulator against the "
         "Temporal server. Telemetry alike on both sides: in the runs compared this stack's hosts write no spans "
         "or metrics files, as Temporal's worker in its default settings exports neither; one more saturation "
-        f"run, {TRACED} (1 host, as the demo and Azure run it: 12 spans and a few metric points per order), "
+        f"run, {TRACED} (1 host, as the demo and Azure run it: 15 spans and a few metric points per order), "
         "shows what the app's own telemetry costs, against the same Temporal run. CPU per order, function side only: of the host processes' CPU, what the functions "
         "themselves used (each invocation's thread CPU, as `python -m benchmarks.hostcpu` measures it: in Azure "
         "the Python worker's share, the rest being the local host's emulation of Azure's .NET Functions host) "
