@@ -6,7 +6,9 @@ waits to get it back (BENCHMARKS.md, "Where the CPU goes, and what was cut"). Th
 that must be unique but need not be secret (a table transaction's multipart boundaries, a
 write's id) are drawn here instead: a Mersenne Twister of this module's own, seeded from the
 kernel when the module is imported and again in a forked child, so no two processes share a
-sequence, and out of reach of anyone who seeds ``random`` (a test, a library).
+sequence, and out of reach of anyone who seeds ``random`` (a test, a library). Where
+``uuid4`` would still differ and these would not: a process copied below Python (a C
+library's own ``fork()`` that skips CPython's after-fork hooks, a VM snapshot resumed twice).
 """
 
 from __future__ import annotations

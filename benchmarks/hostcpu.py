@@ -113,7 +113,7 @@ def thread_names(pid: int) -> dict[int, str]:
     number dropped (``worker-sync_3`` -> ``worker-sync``); {} when py-spy cannot read it."""
     try:
         dumped = subprocess.run([py_spy(), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
+    except (SystemExit, OSError, subprocess.TimeoutExpired):  # py-spy missing, or it could not read the process
         return {}
     return {int(m[1]): re.sub(r"_\d+$", "", m[2]) for m in _DUMPED_THREAD.finditer(dumped.stdout)}
 
@@ -121,7 +121,8 @@ def thread_names(pid: int) -> dict[int, str]:
 def per_thread(before: dict[int, ThreadTimes], after: dict[int, ThreadTimes], names: dict[int, str],
                orders: int) -> list[tuple[str, float, float, float, float]]:
     """Each thread kind's (name, user ms, system ms, voluntary and involuntary context switches)
-    per order between two readings, busiest first; threads that used no CPU are left out."""
+    per order between two readings, busiest first; threads that used no CPU are left out, and so
+    are threads that ended between the readings (their time is in the process's total only)."""
     kinds: dict[str, ThreadTimes] = {}
     for tid, now in after.items():
         name = names.get(tid, f"thread {tid}")
@@ -214,9 +215,10 @@ def main(argv: list[str] | None = None) -> None:
         if not pipeline.wait_done(stack, StateStore(stack.table()), "cpu-", args.orders, before, timeout=600):
             raise SystemExit("the orders were not all processed")
         used = meter.stop()
-        threads = per_thread(threads_before, thread_times(host_pid), thread_names(host_pid), args.orders)
+        threads_after = thread_times(host_pid)
         if sampler is not None:
-            stop_profile(sampler)
+            stop_profile(sampler)  # before py-spy dump reads the process: one reader at a time
+        threads = per_thread(threads_before, threads_after, thread_names(host_pid), args.orders)
         functions = function_cpu(logs, offsets)
     finally:
         sender.close()

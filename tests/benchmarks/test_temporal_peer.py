@@ -140,8 +140,8 @@ def test_the_phase_reports_both_sides_with_the_ratios(tmp_path):
     side_by_side = section.tables[0]
     assert side_by_side.columns[-1] == "PASS / MISS"
     assert all(row[-1] in ("PASS", "MISS") for row in side_by_side.rows if row[4])
-    assert "cores busy during this stack's runs" in side_by_side.note  # each side's other load, for the reader
-    assert "cores busy during Temporal's runs" in side_by_side.note
+    assert "cores busy during the runs of this stack" in side_by_side.note  # each side's other load, for the reader
+    assert "cores busy during the runs of Temporal" in side_by_side.note
     runs = next(t for t in section.tables if t.title.startswith("saturation runs"))
     assert [(row[0], row[3], row[4]) for row in runs.rows] == [
         ("this stack", 8, 0), ("this stack, spans and metrics written", 8, 0), ("Temporal", 8, 0)]

@@ -14,7 +14,7 @@ import io
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.http_answer import LeanHTTPConnection, LeanHTTPResponse, plain_headers
+from adapters.http_answer import LeanHTTPConnection, LeanHTTPResponse, LeanHTTPSConnection, plain_headers
 
 
 class _Socket:
@@ -158,10 +158,12 @@ def _sent(cls, method: str, body, headers: dict[str, str], **kwargs) -> list[byt
                             st.from_regex(r"[ -~]{0,40}", fullmatch=True).map(str.strip), max_size=6),
 )
 def test_a_request_goes_out_as_http_client_sends_it_in_one_send(method, body, headers):
-    lean = _sent(LeanHTTPConnection, method, body, headers)
-    stdlib = _sent(http.client.HTTPConnection, method, body, headers)
-    assert b"".join(lean) == b"".join(stdlib)  # the same bytes on the wire
-    assert len(lean) == 1  # the header block and the body together
+    for lean_kind, stdlib_kind in ((LeanHTTPConnection, http.client.HTTPConnection),
+                                   (LeanHTTPSConnection, http.client.HTTPSConnection)):
+        lean = _sent(lean_kind, method, body, headers)
+        stdlib = _sent(stdlib_kind, method, body, headers)
+        assert b"".join(lean) == b"".join(stdlib)  # the same bytes on the wire
+        assert len(lean) == 1  # the header block and the body together
 
 
 def test_a_body_that_is_not_bytes_goes_through_http_client_as_it_is_and_text_as_its_bytes():
@@ -169,6 +171,9 @@ def test_a_body_that_is_not_bytes_goes_through_http_client_as_it_is_and_text_as_
     lean = _sent(LeanHTTPConnection, "PUT", iter(chunks), {}, encode_chunked=True)
     stdlib = _sent(http.client.HTTPConnection, "PUT", iter(chunks), {}, encode_chunked=True)
     assert lean == stdlib and len(lean) > 1
+    # bytes asked to go chunked: http.client gives them a Content-Length instead; the same bytes
+    lean = _sent(LeanHTTPConnection, "PUT", b"abcd", {}, encode_chunked=True)
+    assert b"".join(lean) == b"".join(_sent(http.client.HTTPConnection, "PUT", b"abcd", {}, encode_chunked=True))
     # A str body is encoded (ISO-8859-1) by http.client before it is sent: bytes by then, one send.
     text = _sent(LeanHTTPConnection, "PUT", "zoë", {"Content-Type": "text/plain"})
     assert text == [b"".join(_sent(http.client.HTTPConnection, "PUT", "zoë", {"Content-Type": "text/plain"}))]

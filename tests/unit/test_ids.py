@@ -1,5 +1,5 @@
-"""adapters/ids.py: version-4 UUIDs, unique, untouched by whoever seeds ``random``, and a
-forked child's own sequence."""
+"""adapters/ids.py (and the local host's ids, tools/funchost/invoke.py): version-4 UUIDs,
+unique, untouched by whoever seeds ``random``, and a forked child's own sequence."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import random
 import uuid
 
 from adapters.ids import random_uuid
+from tools.funchost import invoke
 
 
 def test_ids_are_version_4_uuids_and_do_not_repeat():
@@ -17,22 +18,34 @@ def test_ids_are_version_4_uuids_and_do_not_repeat():
 
 
 def test_seeding_random_does_not_make_the_ids_repeat():
-    random.seed(7)
-    first = [random_uuid() for _ in range(5)]
-    random.seed(7)
-    assert [random_uuid() for _ in range(5)] != first
+    state = random.getstate()
+    try:
+        random.seed(7)
+        first = [random_uuid() for _ in range(5)]
+        random.seed(7)
+        assert [random_uuid() for _ in range(5)] != first
+    finally:
+        random.setstate(state)  # the other tests' random as it was
+
+
+def _draws() -> str:
+    """The next ids of the app's generator and of the local host's (tools/funchost/invoke.py)."""
+    return "".join(random_uuid().hex for _ in range(4)) + f"{invoke._ids.getrandbits(128):032x}"
 
 
 def test_a_forked_child_draws_other_ids_than_its_parent():
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: its next ids, to the parent
-        os.close(read)
-        os.write(write, "".join(random_uuid().hex for _ in range(4)).encode())
-        os._exit(0)
+    if pid == 0:  # the child: its next ids, to the parent, and never back into pytest
+        try:
+            os.close(read)
+            os.write(write, _draws().encode())
+        finally:
+            os._exit(0)
     os.close(write)
     with os.fdopen(read) as pipe:
         child = pipe.read()
     os.waitpid(pid, 0)
-    parent = "".join(random_uuid().hex for _ in range(4))
-    assert len(child) == len(parent) == 128 and child != parent
+    parent = _draws()
+    assert len(child) == len(parent) == 160
+    assert child[:128] != parent[:128] and child[128:] != parent[128:]  # each generator reseeded in the child

@@ -102,7 +102,7 @@ def test_a_pump_whose_every_slot_stays_busy_reads_the_connection_itself_and_goes
     )
     queue = names["FH_SB_QUEUE"]
     (host,) = funchost.start(APP_DIR, env=env, args=["--debug", "funchost.servicebus"])
-    busy = KEEP_ALIVE_SECONDS + 1.5
+    busy = KEEP_ALIVE_SECONDS + 3  # the pump checks every 0.5 s: room for a loaded machine
     with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
         with client.get_queue_sender(queue) as sender:
             sender.send_messages(ServiceBusMessage(f'{{"sleep": {busy}}}', message_id="busy"))
@@ -116,7 +116,9 @@ def test_a_pump_whose_every_slot_stays_busy_reads_the_connection_itself_and_goes
     assert [r["message_id"] for r in done] == ["busy", "next"]
     assert [r["delivery_count"] for r in records(tmp_path, "sb_record", "start")] == [1, 1]
     log = host.log_path.read_text(errors="replace")
-    assert log.index(line) < log.index("message_id=next")  # read while busy, before the next message came
+    executed_busy = next(i for i, text in enumerate(log.splitlines()) if "Executed" in text and "message_id=busy" in text)
+    keep_alive_read = next(i for i, text in enumerate(log.splitlines()) if line in text)
+    assert keep_alive_read < executed_busy  # read while the busy function still ran, not after it returned
     with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
         with client.get_queue_receiver(queue) as check:
             assert check.receive_messages(max_message_count=1, max_wait_time=1) == []  # both completed
