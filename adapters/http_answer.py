@@ -120,8 +120,9 @@ class LeanHTTPResponse(http.client.HTTPResponse):
 
 class _OneSend:
     """A request whose body is ``bytes`` goes out in one ``send``, its header block and body
-    together, as ``http.client`` itself sent it before chunked uploads came (Python 3.6), and
-    as urllib3 does not either: ``HTTPConnection._send_output`` sends the two apart. Each send
+    together, as ``http.client`` itself sent it until Python 3.6 reworked the method for chunked
+    uploads: ``HTTPConnection._send_output`` now sends the two apart (and so does urllib3,
+    which sends through it). Each send
     on a socket with a timeout is a ``poll`` and a ``send``, and each lets go of the GIL: under
     load, another thread takes it and this one waits to get it back (BENCHMARKS.md, "Where the
     CPU goes, and what was cut"). The bytes on the wire are the same. Any other body (a file, an
