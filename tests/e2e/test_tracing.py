@@ -164,7 +164,13 @@ def test_a_supervisor_reset_and_an_operator_resubmit_continue_the_orders_trace(s
     assert [(s["attributes"][names.ATTR_STEP], s["attributes"][names.ATTR_ATTEMPT]) for s in claims] == [
         ("reserve", 1), ("charge", 2), ("charge", 3), ("ship", 4), ("ship", 5), ("ship", 6),
     ]
-    assert ancestors(claims[2], by_id)[:2] == [names.SPAN_SCHEDULE, f"{names.SPAN_SUPERVISOR_PREFIX}retry"]
+    # Under the retry's span; or, when the retry's delayed nudge was slower to be taken than the
+    # pending timeout (a loaded machine: the clean-clone run caught it once), under the renudge
+    # the supervisor then sent in its place (lifecycle's RENUDGE), whichever nudge claimed it.
+    # Either way a supervisor span under the submission, in the order's one trace.
+    scheduled, reset = ancestors(claims[2], by_id)[:2]
+    assert scheduled == names.SPAN_SCHEDULE
+    assert reset in {f"{names.SPAN_SUPERVISOR_PREFIX}retry", f"{names.SPAN_SUPERVISOR_PREFIX}renudge"}
     # The resubmit (here with no exporter: the test process) hands on the order's context,
     # so the claim after it is in the trace too, right under the submission.
     assert ancestors(claims[-1], by_id) == [names.SPAN_SCHEDULE, names.SPAN_SUBMIT]
