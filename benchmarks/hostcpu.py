@@ -11,10 +11,10 @@ Azure's: it is not what the app costs in Azure, where the .NET host does that wo
 orders through one host on a local stack of its own and prints both per order, by trigger
 type, and each of the host's threads' CPU and context switches per order (from ``/proc``, the
 threads named by ``py-spy dump``: the ground truth the py-spy samples are not, since
-``--gil`` samples over-weight the event loop's thread); with ``--profile`` it also samples the host with py-spy (a pinned dev dependency) and
-prints the functions the samples were in, the function side's threads apart from the host's;
-with ``--no-telemetry`` the host writes no spans or metrics files (run it both ways, back to
-back, for what the app's telemetry costs).
+``--gil`` samples over-weight the event loop's thread); with ``--profile`` it also samples the
+host with py-spy (a pinned dev dependency) and prints the functions the samples were in, the
+function side's threads apart from the host's; with ``--no-telemetry`` the host writes no
+spans or metrics files (run it both ways, back to back, for what the app's telemetry costs).
 """
 
 from __future__ import annotations

@@ -111,13 +111,16 @@ def test_a_pump_whose_every_slot_stays_busy_reads_the_connection_itself_and_goes
     line = "sb_record: no receive call for"
     eventually(lambda: line in host.log_path.read_text(errors="replace"), timeout=busy + 10,
                what="the pump's own keep-alive read while its slot is busy")
-    done = eventually(lambda: len(records(tmp_path, "sb_record", "done")) == 2 and records(tmp_path, "sb_record", "done"),
-                      timeout=30, what="both invocations")
+    def both_done():
+        done = records(tmp_path, "sb_record", "done")
+        return len(done) == 2 and done
+
+    done = eventually(both_done, timeout=30, what="both invocations")
     assert [r["message_id"] for r in done] == ["busy", "next"]
     assert [r["delivery_count"] for r in records(tmp_path, "sb_record", "start")] == [1, 1]
-    log = host.log_path.read_text(errors="replace")
-    executed_busy = next(i for i, text in enumerate(log.splitlines()) if "Executed" in text and "message_id=busy" in text)
-    keep_alive_read = next(i for i, text in enumerate(log.splitlines()) if line in text)
+    lines = host.log_path.read_text(errors="replace").splitlines()
+    executed_busy = next(i for i, text in enumerate(lines) if "Executed" in text and "message_id=busy" in text)
+    keep_alive_read = next(i for i, text in enumerate(lines) if line in text)
     assert keep_alive_read < executed_busy  # read while the busy function still ran, not after it returned
     with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
         with client.get_queue_receiver(queue) as check:
