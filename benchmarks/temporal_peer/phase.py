@@ -239,7 +239,8 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
                   "Temporal's 1 worker; app-side CPU per order ≤ Temporal worker's; p50 at light load ≤ 0.5 × "
                   "Temporal's. Other processes on the machine kept "
                   + " and ".join(f"{format_value(side.other_cores)} cores busy during the runs of {side.name}"
-                                 for side in (ours, traced, theirs) if side is not None and side.other_cores is not None)
+                                 for side in (ours, traced, theirs)
+                                 if side is not None and side.other_cores is not None)
                   + " (the machine is shared: timings under other load are pessimistic; CPU per order much less so).")
     detail = []
     for side in (ours, theirs) if traced is None else (ours, traced, theirs):

@@ -267,7 +267,9 @@ class ServiceBusTriggerListener(Listener):
             self._renew_locks(receiver)
             idle = time.monotonic() - read_at
             if idle >= KEEP_ALIVE_SECONDS:  # no receive call for a while: every slot busy, or draining
-                keep_alive_log.debug("%s: no receive call for %.1f s: reading the connection (keep-alive)", self.name, idle)
+                keep_alive_log.debug(
+                    "%s: no receive call for %.1f s: reading the connection (keep-alive)", self.name, idle
+                )
                 keep_alive.listen(receiver)
                 read_at = time.monotonic()
             if self._stopping.is_set():
