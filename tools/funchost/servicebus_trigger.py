@@ -286,8 +286,10 @@ class ServiceBusTriggerListener(Listener):
                 self._result_signal.clear()
                 continue
             # One message per receive, as the Functions host's processor asks for: the call
-            # returns as soon as it arrives, and no link credit outlives the call (a message
-            # the broker delivers after a receive ended is handed back and delivered again).
+            # returns as soon as it arrives. Without prefetch no link credit outlives the call (a
+            # message the broker delivers after a receive ended is handed back and delivered
+            # again); with host.json prefetchCount the receiver holds that many more, locked, and
+            # the call takes the next from them (the SDK releases those still held when it closes).
             messages = untraced.receive(receiver, max_message_count=1, max_wait_time=RECEIVE_WAIT_SECONDS)
             read_at = time.monotonic()
             self._receiving = True

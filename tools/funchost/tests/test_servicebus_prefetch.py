@@ -1,0 +1,94 @@
+"""host.json ``prefetchCount``: the trigger's receiver holds messages ahead of its calls, locked
+for it (the Functions host's processor does the same, ``ServiceBusProcessorOptions.PrefetchCount``);
+each is still handed to the function once, within ``maxConcurrentCalls``, and a stopping host
+hands what it held unread back to the queue at once, without counting a delivery."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+from .support import eventually, host_env, most_at_once, receive, records
+
+PREFETCH = 8
+MESSAGES = 6
+LOCK = timedelta(seconds=30)
+
+
+@pytest.fixture
+def stack(servicebus_emulator, storage_connection_string, unique_name, tmp_path):
+    return host_env(
+        servicebus_emulator, storage_connection_string, unique_name, tmp_path, lock_duration=LOCK,
+        enabled=("sb_record",),
+        AzureFunctionsJobHost__extensions__serviceBus__prefetchCount=str(PREFETCH),
+        AzureFunctionsJobHost__extensions__serviceBus__maxConcurrentCalls="1",
+    )
+
+
+def _send(servicebus_emulator, queue: str, body: str) -> list[str]:
+    ids = [f"m{i}" for i in range(MESSAGES)]
+    with (
+        ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        sender.send_messages([ServiceBusMessage(body, message_id=i) for i in ids])
+    return ids
+
+
+def _released(servicebus_emulator, queue: str) -> int:
+    return servicebus_emulator.operation_counts().get(f"settle.released {queue}", 0)
+
+
+def test_prefetched_messages_are_locked_ahead_and_each_runs_once_within_the_concurrency(
+    funchost, servicebus_emulator, stack, tmp_path
+):
+    env, names = stack
+    queue = names["FH_SB_QUEUE"]
+    funchost.start(env=env)
+    ids = _send(servicebus_emulator, queue, '{"sleep": 0.3}')
+
+    # While the first message runs (one at a time), the receiver already holds the others, locked.
+    eventually(lambda: records(tmp_path, "sb_record", "start"), what="the first invocation")
+    held = eventually(
+        lambda: (c := servicebus_emulator.message_counts(queue))["locked"] >= 2 and c, what="messages locked ahead"
+    )
+    assert len(records(tmp_path, "sb_record", "done")) < MESSAGES, held
+
+    eventually(lambda: len(records(tmp_path, "sb_record", "done")) == MESSAGES, what="every message handled")
+    starts = records(tmp_path, "sb_record", "start")
+    assert sorted(r["message_id"] for r in starts) == ids  # each once
+    assert [r["delivery_count"] for r in starts] == [1] * MESSAGES  # none redelivered
+    assert most_at_once(starts, records(tmp_path, "sb_record", "done")) == 1  # maxConcurrentCalls holds
+    empty = {"active": 0, "dead_letter": 0, "scheduled": 0, "locked": 0}
+    eventually(lambda: servicebus_emulator.message_counts(queue) == empty, what="the queue to be empty")
+    assert _released(servicebus_emulator, queue) == 0
+
+
+def test_a_stopping_host_hands_its_prefetched_messages_back_at_once_uncounted(
+    funchost, servicebus_emulator, stack, tmp_path
+):
+    env, names = stack
+    queue = names["FH_SB_QUEUE"]
+    (host,) = funchost.start(env=env)
+    ids = _send(servicebus_emulator, queue, '{"sleep": 1}')
+    eventually(lambda: records(tmp_path, "sb_record", "start"), what="the first invocation")
+    eventually(lambda: servicebus_emulator.message_counts(queue)["locked"] >= 2, what="messages locked ahead")
+
+    stopped_at = time.monotonic()
+    assert host.terminate(timeout=30) == 0
+    done = records(tmp_path, "sb_record", "done")
+    assert [r["message_id"] for r in records(tmp_path, "sb_record", "start")] == [r["message_id"] for r in done]
+
+    # The rest are back well before their locks (30 s) would have let them go, and released, not
+    # abandoned: the next receiver gets them as never delivered.
+    left = MESSAGES - len(done)
+    assert left >= 1
+    eventually(lambda: servicebus_emulator.message_counts(queue)["active"] == left, what="the held messages back")
+    assert time.monotonic() - stopped_at < LOCK.total_seconds() / 2
+    assert _released(servicebus_emulator, queue) >= left
+    again = receive(servicebus_emulator.connection_string, queue, left)
+    assert sorted(m.message_id for m in again) == sorted(set(ids) - {r["message_id"] for r in done})
+    assert [m.delivery_count for m in again] == [0] * left
