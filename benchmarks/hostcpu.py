@@ -229,10 +229,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  the functions' own (worker)   {split['functions']:7.1f} ms")
     for trigger, ms in split["functions_by_trigger"].items():
         print(f"    {trigger:<27} {ms:7.1f} ms")
-    print(f"  the local host's (emulation)  {split['host_emulation']:7.1f} ms")
-    for function, ms in functions.by_function.most_common():
+    for function, ms in functions.by_function.most_common():  # each function's own, not the host's
         print(f"    function {function:<24} {ms / max(functions.invocations[function], 1):6.2f} ms per invocation, "
               f"{functions.invocations[function] / args.orders:.2f} per order")
+    print(f"  the local host's (emulation)  {split['host_emulation']:7.1f} ms")
     print("host threads, per order (/proc: each thread's CPU and context switches; the worker's are "
           "worker-sync and funchost-event-loop)")
     for name, user, system, voluntary, involuntary in threads:
