@@ -155,6 +155,14 @@ def _hidden_from_sdk_tracing(message: ServiceBusReceivedMessage) -> Iterator[Non
 # --- the listener -------------------------------------------------------------------
 
 
+def _lock_left(locked_until: datetime.datetime | None) -> float:
+    """Seconds a lock has left by this machine's clock; at least 1 (renewing sooner gains nothing),
+    30 when the broker did not say."""
+    if locked_until is None:
+        return 30.0
+    return max(1.0, (locked_until - datetime.datetime.now(datetime.UTC)).total_seconds())
+
+
 @dataclass
 class _Delivery:
     message: ServiceBusReceivedMessage
@@ -302,10 +310,10 @@ class ServiceBusTriggerListener(Listener):
         self, receiver: ServiceBusReceiver, message: ServiceBusReceivedMessage, payload: bytes | None
     ) -> None:
         now = time.monotonic()
-        locked_until = message.locked_until_utc
-        span = 30.0
-        if locked_until is not None:
-            span = max(1.0, (locked_until - datetime.datetime.now(datetime.UTC)).total_seconds())
+        # A prefetched message may have waited in the buffer: renew at half of what its lock has
+        # left. One whose lock ran out there is still handed over, as the Functions host's
+        # processor hands it (azure-sdk-for-net#31966): completing it then fails, and it comes back.
+        span = _lock_left(message.locked_until_utc)
         delivery = _Delivery(message, receiver, now, span, now + span / 2, payload)
         self._in_flight[id(delivery)] = delivery
         try:
@@ -469,7 +477,8 @@ class ServiceBusTriggerListener(Listener):
                 delivery.renewing = False
                 continue
             try:
-                receiver.renew_message_lock(delivery.message)
+                # Half of the renewed lock, not of what was left when the message was dispatched.
+                delivery.lock_span = _lock_left(receiver.renew_message_lock(delivery.message))
                 delivery.renew_at = time.monotonic() + delivery.lock_span / 2
             except (ServiceBusConnectionError, ServiceBusCommunicationError):
                 raise
