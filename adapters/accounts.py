@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from azure.core.exceptions import ResourceExistsError
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError, ServiceResponseError
 
 from adapters.store import BreakerRow, Created, OrderRecord, StateStore
 from core import names
@@ -51,22 +51,46 @@ def check_layout(tables: Sequence) -> None:
     """Record, or check, each account's place in the list (``tables``: the orders table in
     each account, in the setting's order). The first start writes a row in each; every
     later start compares: a reordered list, or a changed count, raises
-    :class:`AccountLayoutChanged` naming the account and what it was. One request per
-    account per process (a create, or a create refused and a read)."""
+    :class:`AccountLayoutChanged` naming the account and what it was. One read per account
+    per process, and on the first start a create.
+
+    The read comes first because azure-core sends a read again after a dropped connection
+    or a 5xx, but never a POST: a create with no answer (or a 5xx), applied or not, is
+    followed by another read rather than failing the process (ordersctl failed on it in a
+    push-back soak), as is a create refused because another process wrote the row first."""
     for position, table in enumerate(tables):
+        _check_place(table, position, len(tables))
+
+
+#: Reads of a layout row whose create keeps failing unanswered, before the error is raised.
+LAYOUT_ATTEMPTS = 3
+
+
+def _check_place(table, position: int, count: int) -> None:
+    for attempt in range(1, LAYOUT_ATTEMPTS + 1):
         try:
-            table.create_entity(
-                {"PartitionKey": LAYOUT_PARTITION, "RowKey": LAYOUT_ROW, "Position": position, "Accounts": len(tables)}
-            )
-        except ResourceExistsError:
             row = table.get_entity(LAYOUT_PARTITION, LAYOUT_ROW)
-            if (row["Position"], row["Accounts"]) != (position, len(tables)):
-                raise AccountLayoutChanged(
-                    f"{names.STATE_STORAGE_ACCOUNTS_SETTING}: the account at place {position} of {len(tables)} "
-                    f"({getattr(table, 'account_name', '?')}) was written as place {row['Position']} of "
-                    f"{row['Accounts']}. The accounts of the order state are fixed for the deployment's life "
-                    "(orders live where they were created): restore the list as it was (docs/scale.md)"
-                ) from None
+        except ResourceNotFoundError:
+            try:
+                table.create_entity(
+                    {"PartitionKey": LAYOUT_PARTITION, "RowKey": LAYOUT_ROW, "Position": position, "Accounts": count}
+                )
+                return
+            except ResourceExistsError:  # another process wrote it first
+                row = table.get_entity(LAYOUT_PARTITION, LAYOUT_ROW)
+            except (ServiceResponseError, HttpResponseError) as error:
+                unanswered = isinstance(error, ServiceResponseError) or (error.status_code or 500) >= 500
+                if not unanswered or attempt == LAYOUT_ATTEMPTS:
+                    raise
+                continue  # applied or not: read again
+        if (row["Position"], row["Accounts"]) != (position, count):
+            raise AccountLayoutChanged(
+                f"{names.STATE_STORAGE_ACCOUNTS_SETTING}: the account at place {position} of {count} "
+                f"({getattr(table, 'account_name', '?')}) was written as place {row['Position']} of "
+                f"{row['Accounts']}. The accounts of the order state are fixed for the deployment's life "
+                "(orders live where they were created): restore the list as it was (docs/scale.md)"
+            )
+        return
 
 
 class ShardedStateStore:

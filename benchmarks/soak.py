@@ -420,7 +420,19 @@ def _resubmit(stack: LocalStack, order_id: str) -> str | None:
         [sys.executable, "-m", "ordersctl", "resubmit", order_id],
         cwd=ROOT, env={**os.environ, **stack.env}, capture_output=True, text=True, timeout=60,
     )
-    return None if done.returncode == 0 else f"resubmit {order_id} failed: {done.stderr.strip()[-300:]}"
+    return None if done.returncode == 0 else f"resubmit {order_id} failed: {_failure(done.stderr)}"
+
+
+def _failure(stderr: str) -> str:
+    """Where a command failed: the project's own frames of its traceback (the last four,
+    relative paths) and its last line, or the last line alone."""
+    lines = [line.strip() for line in stderr.strip().splitlines()]
+    if not lines:
+        return "(nothing on stderr)"
+    root = f"{ROOT}/"
+    ours = [line.replace(root, "") for line in lines
+            if line.startswith('File "') and root in line and "site-packages" not in line]
+    return " <- ".join([lines[-1], *reversed(ours[-4:])])
 
 
 def operator_phase(stack: LocalStack, store: StateStore, verdict: Verdict, errors: list[str]) -> None:

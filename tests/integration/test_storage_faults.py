@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from adapters import wiring
+from adapters.accounts import LAYOUT_PARTITION, LAYOUT_ROW
 from adapters.wiring import services
 from core import lifecycle
 from core.models import AgentRequest, LineState, Nudge, ProcessState, utcnow
@@ -124,6 +125,25 @@ def test_the_services_start_when_ensuring_a_table_gets_no_answer(app_settings, s
     assert storage_proxy.counts()["faults"]["reset-applied"] == 1
     submit("o-7")
     assert built.store.get("o-7").process_state is ProcessState.PENDING
+
+
+@pytest.mark.parametrize("fault", ["reset", "reset-applied", "500-applied", "503"])
+def test_the_services_start_when_the_layout_row_is_written_without_an_answer(app_settings, storage_proxy, fault):
+    """The first start writes each account's layout row (adapters/accounts.py): a POST, which
+    azure-core sends again after a 5xx but never after a dropped connection. Applied or not,
+    the start reads the row again and goes on (the operator's resubmit failed on it in a
+    push-back soak: RemoteDisconnected while building the services)."""
+    table = services().store.table
+    table.delete_entity(LAYOUT_PARTITION, LAYOUT_ROW)  # the next start is a first one
+    wiring.reset()
+    storage_proxy.inject("latency", service="table", method="POST", times=2)  # the two create-table POSTs go by
+    storage_proxy.inject(fault, service="table", method="POST")  # the layout row's create
+    built = services()
+    assert storage_proxy.counts()["faults"][fault] == 1
+    row = table.get_entity(LAYOUT_PARTITION, LAYOUT_ROW)
+    assert (row["Position"], row["Accounts"]) == (0, 1)
+    submit("o-9")
+    assert built.store.get("o-9").process_state is ProcessState.PENDING
 
 
 @pytest.mark.parametrize("fault", ["reset", "reset-applied"])
