@@ -11,6 +11,7 @@ import pytest
 
 from adapters import wiring
 from adapters.accounts import LAYOUT_PARTITION, LAYOUT_ROW
+from adapters.settings import Settings
 from adapters.wiring import services
 from core import lifecycle
 from core.models import AgentRequest, LineState, Nudge, ProcessState, utcnow
@@ -144,6 +145,35 @@ def test_the_services_start_when_the_layout_row_is_written_without_an_answer(app
     assert (row["Position"], row["Accounts"]) == (0, 1)
     submit("o-9")
     assert built.store.get("o-9").process_state is ProcessState.PENDING
+
+
+#: The storage requests of an operator's resubmit from a process of its own, as ordersctl runs
+#: it: the two tables ensured, the account layout read; the order read, its active-index row,
+#: the transition, the nudge, its error-group row read and deleted.
+RESUBMIT_REQUESTS = 8
+
+
+@pytest.mark.parametrize("fault", ["reset", "reset-applied"])
+@pytest.mark.parametrize("at", range(RESUBMIT_REQUESTS))
+def test_an_operators_resubmit_survives_a_dropped_connection_on_any_of_its_requests(
+    app_settings, storage_proxy, at, fault
+):
+    """Each request of ``ordersctl resubmit`` in turn loses its connection, before or after it
+    was applied (what azure-core sends again for a GET, PUT or DELETE, never for a POST or a
+    PATCH): the services still start and the order is Pending again. Found by this sweep: the
+    account layout's create (a push-back soak's resubmit had failed on it)."""
+    order_id = f"rs-{at}"
+    submit(order_id)
+    store = services().store
+    record = store.read(order_id)
+    store.write_over(record, lifecycle.fail(record.state, "stopped for the test", record.state.updated_at))
+    storage_proxy.inject("pass", times=at)  # the requests before it go through
+    storage_proxy.inject(fault)
+    fresh = wiring.Services.from_settings(Settings())  # a process of its own, as ordersctl's
+    written = resubmit(order_id, store=fresh.store, nudger=fresh.nudger, now=utcnow(),
+                       pending_timeout=timedelta(seconds=30))
+    assert storage_proxy.counts()["faults"][fault] == 1  # it landed on request number at + 1
+    assert written.process_state is ProcessState.PENDING and store.get(order_id).etag == written.etag
 
 
 @pytest.mark.parametrize("fault", ["reset", "reset-applied"])

@@ -34,6 +34,9 @@ KINDS = (BUSY, APPLIED_500, RESET_APPLIED, LATENCY)
 #: dropped before the request is forwarded, so nothing applied and no answer: what the SDK sees
 #: of a front end that resets a connection under load, as for ``reset-applied``.
 RESET = "reset"
+#: Not a fault, and only for a test's script (``FaultProxy.inject``): the request goes through
+#: untouched, so that the fault scripted after it lands on a later request of a sequence.
+PASS = "pass"
 
 BUSY_MESSAGE = "The server is currently unable to receive requests. Please retry your request."
 TIMED_OUT_MESSAGE = "The operation could not be completed within the permitted time."

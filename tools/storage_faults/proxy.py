@@ -25,7 +25,7 @@ from aiohttp import web
 from yarl import URL
 
 from .faults import (
-    APPLIED_500, BUSY, BUSY_MESSAGE, KINDS, LATENCY, RESET, RESET_APPLIED, TIMED_OUT_MESSAGE, StorageFaults,
+    APPLIED_500, BUSY, BUSY_MESSAGE, KINDS, LATENCY, PASS, RESET, RESET_APPLIED, TIMED_OUT_MESSAGE, StorageFaults,
     error_response,
 )
 
@@ -104,7 +104,7 @@ class FaultProxy:
 
     def inject(self, kind: str, *, service: str | None = None, method: str | None = None, times: int = 1) -> None:
         """Give the next ``times`` requests to ``service`` with ``method`` (any when None) the fault ``kind``."""
-        if kind not in (*KINDS, RESET):
+        if kind not in (*KINDS, RESET, PASS):
             raise ValueError(f"unknown fault kind {kind!r}")
         self._script += [(service, method and method.upper(), kind)] * times
 
@@ -112,6 +112,8 @@ class FaultProxy:
         for i, (s, m, kind) in enumerate(self._script):
             if s in (None, service) and m in (None, method):
                 del self._script[i]
+                if kind == PASS:
+                    return None, False
                 return (None, True) if kind == LATENCY else (kind, False)
         return self.faults.draw(self._rng)
 

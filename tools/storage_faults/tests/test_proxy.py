@@ -81,6 +81,19 @@ def test_server_busy_on_queues_is_azures_xml_error_and_the_sdk_retries_it(proxy,
     assert [m.content for m in queue.receive_messages()] == ["y"]
 
 
+def test_a_scripted_pass_lets_requests_through_and_aims_the_fault_after_it(proxy, name):
+    client = table(proxy.connection_string, name)
+    proxy.inject("pass", service="table", times=2)
+    proxy.inject("503", service="table")
+    client.upsert_entity({"PartitionKey": "p", "RowKey": "a", "X": 1}, retry_total=0)
+    client.upsert_entity({"PartitionKey": "p", "RowKey": "b", "X": 2}, retry_total=0)
+    with pytest.raises(HttpResponseError) as raised:
+        client.upsert_entity({"PartitionKey": "p", "RowKey": "c", "X": 3}, retry_total=0)
+    assert raised.value.status_code == 503
+    assert rows(client) == {"a": 1, "b": 2}
+    assert proxy.counts()["faults"]["503"] == 1 and "pass" not in proxy.counts()["faults"]
+
+
 def test_operation_timed_out_after_the_write_was_applied(proxy, name):
     client = table(proxy.connection_string, name)
     proxy.inject("500-applied", service="table")
