@@ -547,10 +547,10 @@ class Runner:
         section.intro = (
             f"Steps/s from the first send to the last Processed commit: {plan.pipeline_orders} orders sent at once, "
             f"each running the {steps} steps of the workflow, with the app's default settings (host.json: 16 "
-            "concurrent Service Bus calls per trigger and 16 messages prefetched, storage-queue batches of 16). "
-            "The ratio is against the ceiling measured in the same run: one step's raw operations (the target), "
-            "and, like for like, with every order's fixed part (submission, the first claim, the nudge, the orders "
-            "message) spread over its steps."
+            "concurrent Service Bus calls per trigger, storage-queue batches of 16). The ratio is against the "
+            "ceiling measured in the same run: one step's raw operations (the target), and, like for like, with "
+            "every order's fixed part (submission, the first claim, the nudge, the orders message) spread over "
+            "its steps."
         )
 
     def _recovery(self, section: Section, stack: BenchStack, sender: OrderSender) -> None:

@@ -157,7 +157,7 @@ param stateStorageAccounts int = 1
 
 @minValue(1)
 @maxValue(1000)
-@description('Service Bus messages each instance handles at once, per Service Bus trigger (host.json extensions.serviceBus.maxConcurrentCalls, overridden by an app setting); as many more are prefetched (prefetchCount).')
+@description('Service Bus messages each instance handles at once, per Service Bus trigger (host.json extensions.serviceBus.maxConcurrentCalls, overridden by an app setting).')
 param serviceBusMaxConcurrentCalls int = 16
 
 @minValue(1)

