@@ -137,7 +137,7 @@ def test_the_services_start_when_the_layout_row_is_written_without_an_answer(app
     table = services().store.table
     table.delete_entity(LAYOUT_PARTITION, LAYOUT_ROW)  # the next start is a first one
     wiring.reset()
-    storage_proxy.inject("latency", service="table", method="POST", times=2)  # the two create-table POSTs go by
+    storage_proxy.inject("pass", service="table", method="POST", times=2)  # the two create-table POSTs go by
     storage_proxy.inject(fault, service="table", method="POST")  # the layout row's create
     built = services()
     assert storage_proxy.counts()["faults"][fault] == 1

@@ -18,24 +18,33 @@ MESSAGES = 6
 LOCK = timedelta(seconds=30)
 
 
-@pytest.fixture
-def stack(servicebus_emulator, storage_connection_string, unique_name, tmp_path):
+def _prefetching(servicebus_emulator, storage_connection_string, unique_name, record_dir, lock: timedelta):
+    """``sb_record`` alone, one call at a time, prefetching ``PREFETCH``: ``(env, names)``."""
     return host_env(
-        servicebus_emulator, storage_connection_string, unique_name, tmp_path, lock_duration=LOCK,
+        servicebus_emulator, storage_connection_string, unique_name, record_dir, lock_duration=lock,
         enabled=("sb_record",),
         AzureFunctionsJobHost__extensions__serviceBus__prefetchCount=str(PREFETCH),
         AzureFunctionsJobHost__extensions__serviceBus__maxConcurrentCalls="1",
     )
 
 
-def _send(servicebus_emulator, queue: str, body: str) -> list[str]:
-    ids = [f"m{i}" for i in range(MESSAGES)]
+@pytest.fixture
+def stack(servicebus_emulator, storage_connection_string, unique_name, tmp_path):
+    return _prefetching(servicebus_emulator, storage_connection_string, unique_name, tmp_path, LOCK)
+
+
+def _send(servicebus_emulator, queue: str, bodies: dict[str, str]) -> list[str]:
+    """Send each body with its message id, in order; returns the ids."""
     with (
         ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client,
         client.get_queue_sender(queue) as sender,
     ):
-        sender.send_messages([ServiceBusMessage(body, message_id=i) for i in ids])
-    return ids
+        sender.send_messages([ServiceBusMessage(body, message_id=i) for i, body in bodies.items()])
+    return list(bodies)
+
+
+def _same(body: str) -> dict[str, str]:
+    return {f"m{i}": body for i in range(MESSAGES)}
 
 
 def _released(servicebus_emulator, queue: str) -> int:
@@ -48,7 +57,7 @@ def test_prefetched_messages_are_locked_ahead_and_each_runs_once_within_the_conc
     env, names = stack
     queue = names["FH_SB_QUEUE"]
     funchost.start(env=env)
-    ids = _send(servicebus_emulator, queue, '{"sleep": 0.3}')
+    ids = _send(servicebus_emulator, queue, _same('{"sleep": 0.3}'))
 
     # While the first message runs (one at a time), the receiver already holds the others, locked.
     eventually(lambda: records(tmp_path, "sb_record", "start"), what="the first invocation")
@@ -73,7 +82,7 @@ def test_a_stopping_host_hands_its_prefetched_messages_back_at_once_uncounted(
     env, names = stack
     queue = names["FH_SB_QUEUE"]
     (host,) = funchost.start(env=env)
-    ids = _send(servicebus_emulator, queue, '{"sleep": 1}')
+    ids = _send(servicebus_emulator, queue, _same('{"sleep": 1}'))
     eventually(lambda: records(tmp_path, "sb_record", "start"), what="the first invocation")
     eventually(lambda: servicebus_emulator.message_counts(queue)["locked"] >= 2, what="messages locked ahead")
 
@@ -99,20 +108,12 @@ def test_a_message_that_waited_in_the_buffer_is_renewed_at_half_of_each_renewed_
 ):
     # The second message waits ~8 s of its 10-s lock in the buffer behind the first: renewed at
     # half of the 2 s it has left, then at half of each renewed lock (every 5 s), not every 1 s.
-    env, names = host_env(
-        servicebus_emulator, storage_connection_string, unique_name, tmp_path, lock_duration=timedelta(seconds=10),
-        enabled=("sb_record",),
-        AzureFunctionsJobHost__extensions__serviceBus__prefetchCount=str(PREFETCH),
-        AzureFunctionsJobHost__extensions__serviceBus__maxConcurrentCalls="1",
+    env, names = _prefetching(
+        servicebus_emulator, storage_connection_string, unique_name, tmp_path, timedelta(seconds=10)
     )
     queue = names["FH_SB_QUEUE"]
     funchost.start(env=env)
-    with (
-        ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client,
-        client.get_queue_sender(queue) as sender,
-    ):
-        sender.send_messages([ServiceBusMessage('{"sleep": 8}', message_id="first"),
-                              ServiceBusMessage('{"sleep": 10}', message_id="second")])
+    _send(servicebus_emulator, queue, {"first": '{"sleep": 8}', "second": '{"sleep": 10}'})
     eventually(lambda: len(records(tmp_path, "sb_record", "done")) == 2, timeout=60, what="both messages handled")
 
     starts = records(tmp_path, "sb_record", "start")
