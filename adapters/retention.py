@@ -12,7 +12,8 @@ and for each day:
 3. the rows to archive are marked with a new batch id (If-Match), then the batch is staged
    and committed as one block of the day's blob (adapters/archive.py);
 4. each archived order's partition is deleted in one transaction, If-Match on its state
-   row as read, so an order resubmitted meanwhile is kept; then the index rows go.
+   row as read, so an order resubmitted meanwhile is kept (its customer-index row, removed
+   just before, put back; the archive keeps the copy it wrote); then the index rows go.
 
 A crash anywhere loses nothing (an order's rows go only after its block is committed) and
 archives nothing twice (a committed batch is recognised by its id). The cost is O(what it
@@ -94,7 +95,8 @@ def _delete_order(s: StateStore, order: _Order) -> bool:
     assert order.record is not None
     # Its rows in the search indexes first (a customer's orders, the Error causes): they live
     # in other partitions, so a crash after the delete must not leave them pointing at nothing.
-    search.forget(s, OrderRequest.model_validate_json(order.record.document), order.record.state)
+    request = OrderRequest.model_validate_json(order.record.document)
+    search.forget(s, request, order.record.state)
     keys = [STATE_ROW, *(key for key in order.keys if key != STATE_ROW)]
     for start in range(0, len(keys), finished.TRANSACTION_MOST):
         operations: list[Any] = []
@@ -111,6 +113,9 @@ def _delete_order(s: StateStore, order: _Order) -> bool:
         except HttpResponseError as error:
             status = getattr(error, "status_code", None)
             if status == 412:
+                # Moved since it was read (resubmitted): kept, with its customer's index row put
+                # back (its Error row is the resubmit's to remove, and a new Error's to write).
+                search.index_customer(s, request, order.record.state.created_at)
                 return False
             if status != 404 or start == 0:
                 raise

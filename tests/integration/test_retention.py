@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from azure.storage.blob import ContainerClient
 
-from adapters import finished
+from adapters import finished, search
 from adapters.archive import Archive
 from adapters.clients import transport
 from adapters.retention import RetentionPolicy, tick
@@ -19,6 +19,7 @@ from api import archive as archive_api
 from benchmarks.sweep import finished_order
 from core import lifecycle, retention
 from core.models import OrderRequest, ProcessState, utcnow
+from core.search import customer_key_range
 from core.progress import status_document
 from devtools.orders import order_json
 from ordersctl.archive import NotArchived, show
@@ -189,6 +190,28 @@ def test_an_order_resubmitted_between_archive_and_delete_is_kept(store, archive)
     assert report["deleted"] == 0
     assert store.get("rs-2").process_state is ProcessState.PENDING
     assert finished.due_rows(store, NOW, 0, limit=10) == []
+
+
+def test_an_order_resubmitted_while_its_delete_is_under_way_keeps_its_customer_row(store, archive):
+    """The resubmit lands after the tick read the order and archived it, before the If-Match
+    delete: the order is kept, and so is its row in its customer's index (the tick removes
+    the index rows before the order's, so it puts that one back)."""
+    error = end(store, "rs-3", DAYS_AGO_3, ProcessState.ERROR)
+    order = store.get_order("rs-3")
+    search.index_customer(store, order, error.created_at)
+
+    def customers_orders() -> list[str]:
+        page = search.by_customer(store, order.customer_id, key_range=customer_key_range(None, None), limit=10)
+        return [state.order_id for state in page.orders]
+
+    assert customers_orders() == ["rs-3"]
+    report = tick(
+        store=store, archive=archive, policy=policy(include_error=True), now=NOW,
+        after_archive=lambda: store.transition(store.get("rs-3"), lifecycle.resubmit(error, NOW, timedelta(seconds=30))),
+    )
+    assert (report["archived"], report["deleted"], report["moved"]) == (1, 0, 1)
+    assert store.get("rs-3").process_state is ProcessState.PENDING
+    assert customers_orders() == ["rs-3"]
 
 
 def test_each_tick_does_bounded_work_whatever_waits(store, archive):
