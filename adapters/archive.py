@@ -38,7 +38,8 @@ from azure.storage.blob import BlobBlock, ContentSettings
 from core import retention
 
 CONTENT_TYPE = "application/x-ndjson"
-#: Bytes read per request when reading a day back.
+#: Bytes read per request when reading a day back (the container's client is built with it:
+#: adapters/clients.py ``archive_container``).
 READ_CHUNK = 4 * 1024 * 1024
 
 

@@ -115,6 +115,8 @@ def archive_container(settings: Settings):
     account (its connection string, or ``__blobServiceUri`` / ``__accountName``)."""
     from azure.storage.blob import ContainerClient
 
+    from adapters.archive import READ_CHUNK
+
     container = settings.archive_container
     if settings.archive_storage_connection_string or settings.archive_storage_blob_service_uri:
         connection, uri = settings.archive_storage_connection_string, settings.archive_storage_blob_service_uri
@@ -124,11 +126,14 @@ def archive_container(settings: Settings):
         client_id = settings.storage_client_id
         if not connection and not uri:
             uri = f"https://{settings.storage_account_name}.blob.core.windows.net"
+    # A day is read back in chunks of READ_CHUNK, its first request too (the SDK's first GET
+    # would take up to 32 MiB at once): an operator's read holds a few MiB, whatever the day's size.
+    chunks = {"max_single_get_size": READ_CHUNK, "max_chunk_get_size": READ_CHUNK}
     if connection:
         return ContainerClient.from_connection_string(
-            storage_connection_string(connection), container, transport=transport()
+            storage_connection_string(connection), container, transport=transport(), **chunks
         )
-    return ContainerClient(uri, container, credential=credential(client_id), transport=transport())
+    return ContainerClient(uri, container, credential=credential(client_id), transport=transport(), **chunks)
 
 
 #: The nudge queue's retries of a 5xx or a dropped connection (docs/scale.md): the storage

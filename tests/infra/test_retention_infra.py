@@ -9,6 +9,7 @@ import os
 import pytest
 
 from adapters import clients
+from adapters.archive import READ_CHUNK
 from adapters.settings import Settings
 from core import names
 from tests.infra import bicep
@@ -53,6 +54,8 @@ def test_the_archive_is_reached_by_identity_and_the_settings_validate(deployed_s
     assert settings.retention_schedule == names.DEFAULT_RETENTION_SCHEDULE and settings.retention_fault is None
     container = clients.archive_container(settings)
     assert container.container_name == names.ARCHIVE_CONTAINER
+    # A day is read back in chunks of READ_CHUNK, the first request too (the SDK's default: 32 MiB).
+    assert (container._config.max_single_get_size, container._config.max_chunk_get_size) == (READ_CHUNK, READ_CHUNK)
 
 
 #: App setting -> (main.bicep parameter, a value to pass, what the setting must become).
