@@ -128,7 +128,8 @@ class Settings(BaseSettings):
         names.APPROVAL_TIMEOUT_SETTING, names.DEFAULT_APPROVAL_TIMEOUT_SECONDS,
         le=names.MAX_APPROVAL_TIMEOUT_SECONDS,
     )
-    #: Failures (expired attempts) after which an order goes to Error + alert.
+    #: Failures (expired attempts) after which the line is given up: the steps before it are
+    #: undone (Compensated; Error + alert only if an undo fails, or the line cannot be undone).
     max_failures: int = _setting("MAX_FAILURES", 3, ge=1, le=100)
     #: The supervisor's retry nudge waits base * 2**(failures-1), capped.
     retry_backoff_base_seconds: float = _setting("RETRY_BACKOFF_BASE_SECONDS", 2.0, ge=0)
