@@ -179,7 +179,7 @@ def claim(
             return None  # not due: the nudge sent with the give-up's wait comes then
         return give_up(state, workflow, instance, now, defaults)
     if cancelled(state) and state.kind is Kind.ACTION:
-        return _cancel_pending(state, workflow, instance, now, defaults, ended)
+        return _cancel_pending(state, workflow, instance, now, defaults, ended, pending_timeout)
     if state.kind is Kind.COMPENSATION and step_of(state, workflow).compensate is None:
         # Only reachable through a resubmit of a line that cannot be undone.
         return _compensate_next(state, workflow, instance, now, defaults, [], failed_now=True)
@@ -549,7 +549,7 @@ def may_have_run(state: OrderState, ended: Sequence[LineRecord] = ()) -> bool:
 
 def _cancel_pending(
     state: OrderState, workflow: Workflow, instance: str, now: datetime, defaults: StepPolicy,
-    ended: Sequence[LineRecord],
+    ended: Sequence[LineRecord], pending_timeout: timedelta,
 ) -> Transition:
     """A cancelled order's Pending action line is not claimed again: its earlier attempts,
     if any, are settled (their Complete-By passed: the supervisor reset the line after it),
@@ -558,14 +558,16 @@ def _cancel_pending(
     A line that was postponed is the exception: the postponed attempt's request may still
     be delivered to an agent and act until that attempt's Complete-By, which the row no
     longer holds (it is at most the line's timeout after now). It is handed back as a
-    give-up after that timeout, as :func:`postpone` does when failures run out; the
-    give-up then undoes the order (:func:`give_up`, with the cancel as cause)."""
+    give-up after that timeout, as :func:`postpone` does when failures run out (due then:
+    its CompleteBy is that time plus ``pending_timeout``, as every Pending row is written,
+    and :func:`claim` takes a given-up row only once due); the give-up then undoes the
+    order (:func:`give_up`, with the cancel as cause)."""
     if state.postponements > 0:
         timeout = timedelta(seconds=step_of(state, workflow).policy_over(defaults).timeout_seconds)
         wait = state.model_copy(
             update={
                 "gave_up": True, "postponements": 0, "failure_count": state.failure_count + 1, "locked_by": None,
-                "complete_by": now + 2 * timeout, "updated_at": now,
+                "complete_by": now + timeout + pending_timeout, "updated_at": now,
                 "last_error": _error(f"cancelled while postponed: undone once the postponed attempt's deadline "
                                      f"({timeout.total_seconds():.0f} s at most) has passed; last: {state.last_error}"),
             }

@@ -5,6 +5,7 @@ settles first; then every applied or unknown action is undone, newest first."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -17,6 +18,7 @@ from core.models import (
     CANCEL_REASON_MAX_CHARS,
     CancelRequest,
     LineState,
+    Nudge,
     Outcome,
     ProcessState,
     Status,
@@ -388,3 +390,33 @@ def test_a_response_whose_write_loses_to_a_cancel_is_decided_again_and_still_cou
     assert w.answer() is not None  # recorded, not dropped as stale
     assert w.sent()[-1] == ("compensation", "release")
     assert w.lines()[("reserve", Kind.ACTION)] is LineState.DONE
+
+
+@pytest.mark.parametrize("timeout_seconds", [5, 60], ids=["timeout under the pending timeout", "timeout over it"])
+def test_a_line_cancelled_while_postponed_is_undone_exactly_once_its_request_can_no_longer_act(timeout_seconds):
+    """Charge is postponed (its request may still be delivered again and act until its
+    deadline, at most the step's timeout T from now), then the order is cancelled. A nudge
+    before T undoes nothing; the nudge sent for T starts the undo then, whether T is under
+    or over the pending timeout (30 s here), not only when the two are equal."""
+    defaults = dataclasses.replace(DEFAULTS, timeout_seconds=timeout_seconds)
+    w = World(defaults=defaults)
+    w.submit()
+    w.answer()  # reserve done, charge claimed
+    w.answer(Outcome.POSTPONED)  # the breaker refused charge's call: Pending, postponed
+    assert cancel(w).verdict is CancelVerdict.RECORDED
+    sent = len(w.sent())
+    timeout = timedelta(seconds=timeout_seconds)
+    dispatch.schedule(Nudge(order_id="o-1"), scheduler=w.scheduler, now=w.now)  # the claim: handed back after T
+    handed_back, delay = w.nudger.nudges[-1]
+    assert delay == timeout and w.state().gave_up
+    start = w.now
+    w.now = start + timeout - timedelta(seconds=1)  # an early nudge (delivered at least once)
+    dispatch.schedule(Nudge(order_id="o-1"), scheduler=w.scheduler, now=w.now)
+    assert len(w.sent()) == sent  # nothing undone while charge's request may still act
+    w.now = start + timeout
+    dispatch.schedule(handed_back, scheduler=w.scheduler, now=w.now)
+    assert w.sent()[sent:] == [("compensation", "refund")]
+    w.answer()
+    w.answer()
+    state = w.state()
+    assert state.process_state is ProcessState.COMPENSATED and "customer asked" in state.cause
