@@ -111,6 +111,12 @@ def _resource(instance: str):
     return Resource.create({SERVICE_NAME: names.TELEMETRY_SERVICE, SERVICE_INSTANCE_ID: instance})
 
 
+def disabled_instrumentations() -> set[str]:
+    """The instrumentations ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` turns off (comma-separated)."""
+    listed = os.environ.get("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "")
+    return {name.strip() for name in listed.split(",") if name.strip()}
+
+
 def _configure_azure(settings, instance: str) -> None:
     from azure.monitor.opentelemetry import configure_azure_monitor
 
@@ -125,9 +131,10 @@ def _configure_azure(settings, instance: str) -> None:
         # The Functions host already sends the worker's logs to Application Insights.
         disable_logging=True,
         # Azure SDK calls (tables, queues, Service Bus) become dependency spans of the
-        # order's spans; their HTTP transport is not traced a second time.
+        # order's spans, unless OTEL_PYTHON_DISABLED_INSTRUMENTATIONS lists azure_sdk (an
+        # explicit option here would win over it); their HTTP transport is not traced twice.
         instrumentation_options={
-            "azure_sdk": {"enabled": True},
+            "azure_sdk": {"enabled": "azure_sdk" not in disabled_instrumentations()},
             **{library: {"enabled": False} for library in ("requests", "urllib", "urllib3")},
         },
     )

@@ -112,9 +112,21 @@ def parse_or_drop(
     return message
 
 
+_fallback_instance: tuple[int, str] | None = None  # (pid, name) of this process, when Azure names none
+
+
 def instance_id() -> str:
-    """This host instance, as Azure names it (``WEBSITE_INSTANCE_ID``), else host + pid."""
-    return os.environ.get("WEBSITE_INSTANCE_ID") or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    """This host instance, as Azure names it (``WEBSITE_INSTANCE_ID``), else host + pid + a
+    random suffix (a restarted process with the same pid is another instance), drawn once
+    per process: the claims' ``LockedBy`` and the telemetry's ``faas.instance`` agree."""
+    named = os.environ.get("WEBSITE_INSTANCE_ID")
+    if named:
+        return named
+    global _fallback_instance
+    pid = os.getpid()
+    if _fallback_instance is None or _fallback_instance[0] != pid:
+        _fallback_instance = (pid, f"{socket.gethostname()}-{pid}-{uuid.uuid4().hex[:6]}")
+    return _fallback_instance[1]
 
 
 _lock = threading.Lock()

@@ -210,3 +210,41 @@ def test_a_line_being_written_is_left_for_the_next_read(tmp_path):
 def test_every_metric_has_an_instrument():
     instruments = {instrument._name for instrument in vars(telemetry.METRICS).values()}
     assert instruments == set(names.METRICS)
+
+
+class _AzureSettings:
+    """What ``_configure_azure`` reads of the settings: the connection string and the identity."""
+
+    applicationinsights_connection_string = "InstrumentationKey=00000000-0000-0000-0000-000000000000"
+
+    def telemetry_identity(self):
+        return False, None
+
+
+@pytest.mark.parametrize("listed", ["", "requests", "requests, azure_sdk", "azure_sdk"])
+def test_azure_sdk_spans_follow_otel_python_disabled_instrumentations(monkeypatch, listed):
+    """In Azure the Azure SDK's calls are dependency spans unless the documented variable lists
+    azure_sdk: azure-monitor-opentelemetry lets an explicit instrumentation option win over
+    the variable (its _utils/configurations.py), so the app reads the variable itself."""
+    import azure.monitor.opentelemetry as monitor
+
+    from adapters import telemetry
+
+    passed = {}
+    monkeypatch.setattr(monitor, "configure_azure_monitor", lambda **options: passed.update(options))
+    monkeypatch.setenv("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", listed)
+    telemetry._configure_azure(_AzureSettings(), "instance-1")
+    options = passed["instrumentation_options"]
+    assert options["azure_sdk"] == {"enabled": "azure_sdk" not in listed}
+    assert all(options[name] == {"enabled": False} for name in ("requests", "urllib", "urllib3"))
+
+
+def test_one_process_is_one_instance_when_azure_names_none(monkeypatch):
+    """Claims (LockedBy) and telemetry (faas.instance) each ask for the instance's name: the
+    same name, drawn once per process, when WEBSITE_INSTANCE_ID is not set; Azure's when it is."""
+    from adapters.wiring import instance_id
+
+    monkeypatch.delenv("WEBSITE_INSTANCE_ID", raising=False)
+    assert instance_id() == instance_id()
+    monkeypatch.setenv("WEBSITE_INSTANCE_ID", "azure-instance-7")
+    assert instance_id() == "azure-instance-7"
