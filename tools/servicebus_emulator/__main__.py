@@ -69,7 +69,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help='answer each "stats" line on stdin with one JSON line on stdout: {"operations": {...}, '
         '"cpu_seconds": ...}; stop at the end of stdin',
     )
-    parser.add_argument("--log-level", default="INFO", help="logging level on stderr (default: INFO)")
+    parser.add_argument(
+        "--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+        help="logging level on stderr (default: INFO)",
+    )
     return parser.parse_args(argv)
 
 

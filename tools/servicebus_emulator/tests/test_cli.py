@@ -135,6 +135,19 @@ def test_the_command_refuses_a_bad_queue_declaration(spec):
     assert "--queue" in process.stderr and "Traceback" not in process.stderr
 
 
+def test_the_command_refuses_an_unknown_log_level_as_a_bad_argument():
+    process = subprocess.run(
+        [sys.executable, "-m", "tools.servicebus_emulator", "--port", "0", "--log-level", "loud"],
+        cwd=IMPORT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert process.returncode == 2, process.stderr
+    assert "--log-level" in process.stderr and "Traceback" not in process.stderr
+
+
 def test_a_queue_declaration_reads_every_property_and_writes_back_what_it_reads():
     settings = QueueSettings.parse(
         "orders:lock_duration=30s,max_delivery_count=5,default_ttl=7d,dead_letter_on_expiry=true,"
