@@ -55,7 +55,7 @@ soak: setup
 	$(PY) -m benchmarks.soak $(SOAK_ARGS)
 
 # Benchmarks on the local stack; writes BENCHMARKS.md (see docs/benchmarks.md).
-# BENCH_ARGS="--quick" for a ~4-minute smoke run, "--sweep-100k" for the long sweep step.
+# BENCH_ARGS="--quick" for a ~5-minute smoke run, "--sweep-100k" for the long sweep step.
 bench: setup
 	$(PY) -m benchmarks $(BENCH_ARGS)
 

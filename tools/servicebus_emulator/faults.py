@@ -35,7 +35,8 @@ decides, operation by operation, and counts what it injected in the operation co
   may look failed; a message delivered just before may never have arrived and comes back
   when its lock expires).
 
-Links to ``$cbs`` and ``$management`` are not dropped (their requests are throttled).
+Links to ``$cbs`` and ``$management`` are not dropped; ``$management`` requests that send,
+receive or peek messages are throttled, ``$cbs`` (token puts) never is.
 """
 
 from __future__ import annotations
