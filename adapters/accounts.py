@@ -161,6 +161,9 @@ class ShardedStateStore:
     def unindex(self, order_id: str, etag: str | None = None, *, partition: str | None = None) -> None:
         self.store_for(order_id).unindex(order_id, etag, partition=partition)
 
+    def index_etag(self, order_id: str) -> str | None:
+        return self.store_for(order_id).index_etag(order_id)
+
     # -- not per order: the first account ----------------------------------------------------
 
     def publish_breaker(self, service: str, instance: str, state: str, at: datetime) -> None:

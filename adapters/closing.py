@@ -29,18 +29,27 @@ _STATUS = {
 }
 
 
-def close_order(state: OrderState, *, store: StateStore, publisher: Publisher, alerts_queue: str, now: datetime) -> None:
+def close_order(
+    state: OrderState, *, store: StateStore, publisher: Publisher, alerts_queue: str, now: datetime,
+    index_etag: str | None = None,
+) -> None:
+    """Close a terminal order: its status event (and alert), its indexes, then its active
+    row, If-Match on ``index_etag`` when given (the supervisor's heal: a row written since,
+    by an operator's resubmit, stays)."""
     with telemetry.span(
         names.SPAN_CLOSE, order_id=state.order_id, step=state.step, kind=state.kind, attempt=state.attempt,
         state=state.process_state,
     ):
         if state.process_state is ProcessState.ERROR:
             telemetry.error(state.last_error or "the order ended in Error")
-        _close(state, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now)
+        _close(state, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now, index_etag=index_etag)
     telemetry.order_closed(state.process_state)
 
 
-def _close(state: OrderState, *, store: StateStore, publisher: Publisher, alerts_queue: str, now: datetime) -> None:
+def _close(
+    state: OrderState, *, store: StateStore, publisher: Publisher, alerts_queue: str, now: datetime,
+    index_etag: str | None,
+) -> None:
     if state.process_state is ProcessState.ERROR:
         try:
             definition = workflow(state.workflow, state.workflow_version)
@@ -78,4 +87,4 @@ def _close(state: OrderState, *, store: StateStore, publisher: Publisher, alerts
     )
     search.index_error(store, state)  # before the active row goes: a crash leaves that row, the sweep redoes this
     record_finished(state, store=store)  # before the active row goes: a crash between, the sweep heals
-    store.unindex(state.order_id)
+    store.unindex(state.order_id, index_etag)

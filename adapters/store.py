@@ -410,7 +410,7 @@ class StateStore:
         )
         # Index first: a crash after this line leaves an index row the supervisor
         # can heal; the other order would leave an order nobody supervises.
-        self._index(order.order_id, now)
+        index_etag = self._index(order.order_id, now)
         seal = first_claim_key(state.workflow, state.workflow_version, state.reply_to, document)
         write_id = _new_write_id()
         operations = [
@@ -423,22 +423,23 @@ class StateStore:
             results = self.table.submit_transaction(operations)
         except (ServiceResponseError, HttpResponseError) as error:
             if _is_conflict(error):
-                return self._existing(order.order_id, document, write_id)
+                return self._existing(order.order_id, document, write_id, index_etag)
             if not _ambiguous(error):
                 raise
             # Sent, but no answer (a dropped connection: the SDK does not retry a POST) or a
             # 5xx left after the SDK's retries: applied or not, the partition says which.
             try:
-                return self._existing(order.order_id, document, write_id)
+                return self._existing(order.order_id, document, write_id, index_etag)
             except OrderNotFound:
                 raise error from None
         created = state.model_copy(update={"etag": results[1].get("etag")})
         return Created(created, created=True, record=OrderRecord(document, stored(created), (), write_id, seal))
 
-    def _existing(self, order_id: str, document: str, write_id: str) -> Created:
+    def _existing(self, order_id: str, document: str, write_id: str, index_etag: str | None) -> Created:
         """The order already there: this very submission's write, whose success was lost on
         the way back (created), the same order submitted before (a duplicate), or another
-        order under the same id (:class:`OrderConflict`)."""
+        order under the same id (:class:`OrderConflict`). ``index_etag``: the ETag of the
+        index row this submission wrote."""
         record = self.read(order_id)
         if record.write_id == write_id:
             self._recognised("create", order_id, "409 entity exists, or no answer")
@@ -446,7 +447,9 @@ class StateStore:
         if record.document != document:
             raise OrderConflict(order_id, record.document, document)
         if record.state.process_state.terminal and self._closed(record.state):
-            self.unindex(order_id)  # the duplicate's index write re-added it
+            # The duplicate's index write re-added it: that row goes, If-Match, so a row an
+            # operator's resubmit wrote since (the order in flight again) stays.
+            self.unindex(order_id, index_etag)
         # Terminal but not closed yet (a crash between its end and its close): its active row
         # stays, and the sweep closes it (status event, alert, finished index) as it would have.
         return Created(record.state, created=False)
@@ -627,12 +630,23 @@ class StateStore:
         """The index partition an order's row is written to under the current shard count."""
         return names.active_partition(names.active_shard(order_id, self.shards))
 
-    def _index(self, order_id: str, now: datetime) -> None:
+    def _index(self, order_id: str, now: datetime) -> str | None:
+        """Write the order's index row; its ETag."""
         self._op("index_upsert")
-        self.table.upsert_entity(
+        written = self.table.upsert_entity(
             {"PartitionKey": self.index_partition(order_id), "RowKey": order_id, "IndexedAt": now},
             mode=UpdateMode.REPLACE,
         )
+        return (written or {}).get("etag")
+
+    def index_etag(self, order_id: str) -> str | None:
+        """The ETag of the order's row in its index shard; None when it has none. One point read."""
+        self._op("read")
+        try:
+            row = self.table.get_entity(self.index_partition(order_id), order_id, select=["RowKey"])
+        except ResourceNotFoundError:
+            return None
+        return row.metadata.get("etag")
 
     def reindex(self, order_id: str, now: datetime) -> None:
         """Put an order back in the active index (before it leaves a terminal state)."""

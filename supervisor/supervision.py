@@ -77,9 +77,19 @@ def sweep(
             # Terminal but still indexed: the finishing step died half-way. Give the
             # scheduler time to finish it itself before repeating its notifications.
             if now - state.updated_at > policy.step_timeout:
+                # The sweep read the row a while ago: heal only the order as it still is, and
+                # drop only the index row read here (an operator's resubmit since writes a new
+                # one, then moves the row: that order is in flight again and keeps its row).
+                index_etag = store.index_etag(state.order_id)
+                current = store.get(state.order_id) if index_etag is not None else None
+                if current is None or current.etag != state.etag:
+                    continue
                 heal = f"{names.SPAN_SUPERVISOR_PREFIX}heal"
                 with telemetry.continue_order(heal, state.trace_parent, **_where(state)):
-                    close_order(state, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now)
+                    close_order(
+                        current, store=store, publisher=publisher, alerts_queue=alerts_queue, now=now,
+                        index_etag=index_etag,
+                    )
                 done["healed"] += 1
             continue
         # Each action joins the order's own trace (its TraceParent), so the retry it leads to does too.

@@ -13,7 +13,7 @@ from adapters.closing import close_order
 from adapters.store import StateStore
 from benchmarks.sweep import finished_order
 from core import lifecycle, names, retention
-from core.models import OrderRequest, Outcome, ProcessState
+from core.models import OrderRequest, Outcome, ProcessState, Status
 from core.retention import Disposal, dispose
 from core.workflow import CURRENT
 from devtools.orders import order_dict, order_json
@@ -202,3 +202,75 @@ def test_a_duplicate_submission_leaves_an_order_that_ended_but_was_not_closed_to
         order, workflow=w.definition, reply_to="replies", now=w.now, pending_timeout=timedelta(seconds=30)
     )
     assert active() == []
+
+
+def _error_order_left_open() -> World:
+    """An order that ended in Error (charge refused, then the release refused) whose close
+    died half-way: its active row still there, no finished-index row."""
+    w = World()
+    w.submit()
+    w.answer()  # reserve done
+    w.answer(Outcome.FAILED_PERMANENT)  # charge refused: release claimed
+    w.answer(Outcome.FAILED_PERMANENT)  # release refused: Error, closed
+    state = w.store.get("o-1")
+    assert state.process_state is ProcessState.ERROR
+    row = finished.finished_entity(state, w.store.shards)
+    w.table.delete_entity(row["PartitionKey"], row["RowKey"])
+    w.store.reindex("o-1", w.now)
+    return w
+
+
+def _resubmit(w: World) -> None:
+    supervision.resubmit("o-1", store=w.store, nudger=w.nudger, now=w.now, pending_timeout=timedelta(seconds=30))
+
+
+def test_the_sweeps_heal_leaves_an_order_resubmitted_since_it_read_it_in_flight_and_indexed():
+    """The sweep read the Error order (terminal, still indexed: its close died), then an
+    operator resubmitted it (a new index row, then Pending), then the sweep got to it: it
+    must not close it again (no Failed event for an order in flight) nor drop the row the
+    resubmit wrote, or nothing ever supervises the order again."""
+    w = _error_order_left_open()
+    w.now += timedelta(minutes=10)
+    swept = w.store.sweep
+
+    def sweep_then_resubmit(now, **kwargs):
+        read = list(swept(now, **kwargs))  # what the sweep read...
+        _resubmit(w)  # ...then the operator's resubmit, before the sweep acts on it
+        yield from read
+
+    w.store.sweep = sweep_then_resubmit
+    events = len(w.publisher.statuses)
+    done = supervision.sweep(
+        store=w.store, publisher=w.publisher, nudger=w.nudger, policy=POLICY, now=w.now, alerts_queue="alerts"
+    )
+    assert done["healed"] == 0
+    assert w.store.get("o-1").process_state is ProcessState.PENDING
+    assert [r.order_id for r in w.store._all_index_rows()] == ["o-1"]
+    assert all(event.status is not Status.FAILED for event in w.publisher.statuses[events:])
+
+
+def test_a_duplicate_submission_leaves_the_index_row_of_a_resubmit_that_came_between():
+    """A duplicate of a closed Error order writes its index row, finds the order closed and
+    takes that row away again; an operator's resubmit in between wrote its own row (the
+    order in flight again): that row stays."""
+    w = _error_order_left_open()
+    w.now += timedelta(minutes=10)
+    supervision.sweep(  # the close is healed: closed, not indexed
+        store=w.store, publisher=w.publisher, nudger=w.nudger, policy=POLICY, now=w.now, alerts_queue="alerts"
+    )
+    assert w.store._all_index_rows() == []
+    closed = w.store._closed
+
+    def closed_then_resubmit(state):
+        found = closed(state)
+        _resubmit(w)  # between the duplicate's read and its unindex
+        return found
+
+    w.store._closed = closed_then_resubmit
+    order = OrderRequest.model_validate(order_dict("o-1", lines=1))
+    duplicate = w.store.create_order(
+        order, workflow=w.definition, reply_to="replies", now=w.now, pending_timeout=timedelta(seconds=30)
+    )
+    assert not duplicate.created
+    assert w.store.get("o-1").process_state is ProcessState.PENDING
+    assert [r.order_id for r in w.store._all_index_rows()] == ["o-1"]
