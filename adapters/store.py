@@ -531,9 +531,12 @@ class StateStore:
         """:meth:`write`, and the write id the state row now holds."""
         if current.etag is None:
             raise ValueError("a transition needs the ETag the state was read with")
+        # One write id for every try: a try that got no answer and looked unapplied may still
+        # be applied after the look (a late request), and the next try's 412 must know it.
+        write_id = _new_write_id()
         for attempt in range(1, WRITE_ATTEMPTS + 1):
             try:
-                return self._write_once(current, new, lines, consume)
+                return self._write_once(current, new, lines, consume, write_id)
             except _NotApplied as unapplied:
                 if attempt == WRITE_ATTEMPTS:
                     raise unapplied.error from None
@@ -542,14 +545,13 @@ class StateStore:
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     def _write_once(
-        self, current: OrderState, new: OrderState, lines: Sequence[LineRecord], consume: str | None
+        self, current: OrderState, new: OrderState, lines: Sequence[LineRecord], consume: str | None, write_id: str
     ) -> tuple[OrderState, str]:
-        """One try of :meth:`write`, with a write id of its own (returned with the state);
-        raises :class:`_NotApplied` when it got no answer (or a 5xx) and the row shows it was
-        not applied."""
+        """One try of :meth:`write` under ``write_id`` (the same for every try of one write;
+        returned with the state); raises :class:`_NotApplied` when it got no answer (or a
+        5xx) and the row shows it was not applied."""
         before, after = state_to_entity(current), state_to_entity(new)
         changes = {key: value for key, value in after.items() if before.get(key) != value}
-        write_id = _new_write_id()
         changes.update(PartitionKey=new.order_id, RowKey=STATE_ROW, **{WRITE_ID: write_id})
         guard = {"etag": current.etag, "match_condition": MatchConditions.IfNotModified}
         try:

@@ -122,6 +122,38 @@ def test_an_unanswered_write_the_row_shows_unapplied_is_sent_again_and_applied_o
     assert w.store.recognised == {}
 
 
+class _AppliedLate(MemoryTable):
+    """The first update gets no answer and is not applied yet (the store's read of the row
+    finds it unchanged); it is applied on its way, just before the next try arrives (which
+    then meets a row that moved: 412)."""
+
+    late: tuple | None = None
+
+    def update_entity(self, *args, **kwargs):
+        if type(self).late is None:
+            type(self).late = (args, kwargs)
+            raise ServiceResponseError("Connection aborted: Remote end closed connection without response")
+        if type(self).late:
+            late_args, late_kwargs = type(self).late
+            type(self).late = ()
+            super().update_entity(*late_args, **late_kwargs)
+        return super().update_entity(*args, **kwargs)
+
+
+def test_a_try_applied_after_the_row_looked_unapplied_is_recognised_when_the_next_try_meets_it():
+    """Every try of one write carries the same write id: the first, late, is recognised by
+    the second's 412, not taken for someone else's write (a claim would have sent no request,
+    a supervisor's retry no nudge, an operator's resubmit would have been refused)."""
+    w = World()
+    w.submit()
+    w.table.__class__ = _AppliedLate
+    state = w.state()
+    written = w.store.write(state, state.model_copy(update={"note": "mine"}))
+    assert _AppliedLate.late == () and w.store.ops["update"] == 2
+    assert w.store.get("o-1").note == "mine" and w.store.get("o-1").etag == written.etag
+    assert w.store.recognised == {"write": 1}
+
+
 def test_every_state_row_write_carries_a_new_write_id():
     w = World()
     w.submit()
