@@ -1013,7 +1013,7 @@ class RejectionStore:
         entity: dict[str, Any] = {
             "PartitionKey": day,
             "RowKey": row_key,
-            "Reason": reason[:30_000],
+            "Reason": clip_utf16(reason, MAX_REASON_UNITS),
             "MessageId": _clip(message_id or ""),
             "ContentType": _clip(content_type or ""),
             "OrderId": order_id or "",
@@ -1049,6 +1049,22 @@ _BODY_PROPERTY = re.compile(r"^Body(\d+|Chunks|Parts)$")
 
 def _part_key(row_key: str, n: int) -> str:
     return f"{row_key}~{n:04d}"
+
+
+#: A rejection's reason is kept to this many UTF-16 code units: a Table string property holds
+#: 64 KiB of UTF-16, 32,768 units (a character past U+FFFF takes two).
+MAX_REASON_UNITS = 30_000
+
+
+def clip_utf16(text: str, units: int) -> str:
+    """``text`` cut to at most ``units`` UTF-16 code units (as Table storage counts a string),
+    never between the two halves of a character."""
+    if len(text) * 2 <= units:  # the common case: even all astral, it fits
+        return text
+    encoded = text.encode("utf-16-le", errors="surrogatepass")
+    if len(encoded) <= 2 * units:
+        return text
+    return encoded[: 2 * units].decode("utf-16-le", errors="ignore")
 
 
 def _clip(text: str) -> str:

@@ -26,7 +26,17 @@ from adapters.store import OrderConflict, RejectionStore, StateStore
 log = logging.getLogger(__name__)
 
 #: Service Bus queue names: letters, digits, periods, hyphens, underscores, slashes; up to 260.
-_QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,259}$")
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,259}")
+
+
+def _queue_name(text: str) -> bool:
+    """A name a ReplyTo may give: the whole text (a final newline too) of queue-name
+    characters, and no empty, ``.`` or ``..`` path segment (no trailing slash: "cannot start
+    or end with a slash", ``QueueProperties.Name``; a dot segment could resolve to another
+    queue, one of the app's own among them)."""
+    return _QUEUE_NAME.fullmatch(text) is not None and not any(
+        segment in ("", ".", "..") for segment in text.split("/")
+    )
 #: The one content type the orders queue takes (with parameters such as charset).
 JSON_CONTENT_TYPE = "application/json"
 #: Orders up to this size ride along in the scheduler's nudge (saving a table read).
@@ -136,7 +146,7 @@ def _submit(
         )
         log.warning("order message %s rejected: %s", _shown(message_id), reason)
         # Tell the submitter, if it named a queue we may write to (best effort).
-        queue = reply_to if reply_to and _QUEUE_NAME.match(reply_to) and not _own(reply_to) else None
+        queue = reply_to if reply_to and _queue_name(reply_to) and not _own(reply_to) else None
         publisher.send_status(
             StatusEvent(
                 order_id=(order_id or _claimed_order_id(body) or message_id or "unknown")[:100],
@@ -160,7 +170,7 @@ def _submit(
         return reject(f"malformed order: {error}")
 
     note = None
-    if reply_to and not _QUEUE_NAME.match(reply_to):
+    if reply_to and not _queue_name(reply_to):
         note = f"ReplyTo {_shown(reply_to)!r} ignored: not a valid queue name; no status events are sent"
     elif reply_to and _own(reply_to):
         note = f"ReplyTo {reply_to!r} ignored: it names one of the app's own queues; no status events are sent"

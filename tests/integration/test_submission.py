@@ -55,6 +55,20 @@ def test_malformed_and_invalid_messages_are_kept_whole_with_the_reason(app_setti
     assert services().store.active_ids() == []
 
 
+def test_an_order_whose_reason_would_overflow_a_table_string_is_rejected_with_the_reason_clipped(app_settings):
+    """A key of 17,000 emoji (68 KB, under Service Bus Standard's 256 KB) is named in the
+    validation error: the reason is kept to what a Table string property holds (32,768
+    UTF-16 units; an emoji takes two), so the rejection is written, not retried until the
+    message is dead-lettered."""
+    body = json.loads(order_json("o-emoji"))
+    body["\U0001F600" * 17_000] = 1
+    submit(json.dumps(body, ensure_ascii=False).encode(), message_id="emoji")
+    (row,) = services().rejections.list()
+    assert row["MessageId"] == "emoji" and "invalid order" in row["Reason"]
+    assert len(row["Reason"].encode("utf-16-le")) <= 2 * 32_768
+    assert json.loads(row["Body"]) == body
+
+
 def test_non_json_content_type_is_rejected(app_settings):
     submit(order_json("o-4"), content_type="text/plain", message_id="txt")
     (row,) = services().rejections.list()
@@ -149,6 +163,17 @@ def test_a_reply_to_naming_one_of_the_apps_own_queues_is_ignored_with_a_note_on_
     submit(order_json("o-16"), reply_to="not a queue?" * 20, message_id="o-16")
     note = services().store.get("o-16").note
     assert "not a valid queue name" in note and len(note) < 300
+
+
+def test_a_reply_to_with_a_final_newline_or_a_dot_segment_is_no_queue_name_and_is_ignored_with_a_note(app_settings):
+    """A regular expression's ``$`` lets a final newline by, and ``a/../alerts`` is made of
+    queue-name characters: neither names a queue the broker would resolve as written."""
+    for n, reply_to in enumerate(["my-status\n", f"a/../{app_settings['ALERTS_QUEUE']}", "my/./status", "my//status"]):
+        order_id = f"o-rt-{n}"
+        submit(order_json(order_id), reply_to=reply_to, message_id=order_id)
+        state = services().store.get(order_id)
+        assert state.reply_to is None, reply_to
+        assert "not a valid queue name" in (state.note or ""), (reply_to, state.note)
 
 
 def test_a_reply_to_naming_an_own_queue_in_another_spelling_is_ignored_and_nothing_lands_there(
