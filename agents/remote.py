@@ -3,8 +3,9 @@ and never past the step's complete-by time.
 
 The contract (README, "The remote service contract"): ``POST {base}/{action}`` with
 the headers ``Idempotency-Key`` and ``Complete-By`` (RFC 3339 UTC); 2xx with a JSON
-body is done, 408, 429, 5xx, connection errors and timeouts are transient, any other
-4xx is a permanent refusal.
+object is done (a 2xx with any other body is transient with an unknown outcome: it may
+have been applied), 408, 429, 5xx, connection errors and timeouts are transient, any
+other 4xx is a permanent refusal.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import email.utils
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -59,17 +61,42 @@ class DeadlineReached(RemoteError):
 
 
 def _retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a Retry-After header (delay-seconds or an HTTP-date); None
+    when there is none or it cannot be read: the service's hint is ignored, never fatal."""
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
+    if when.tzinfo is None:  # "-0000" or no zone: HTTP-dates are GMT
+        when = when.replace(tzinfo=UTC)
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """The body as a JSON object, or None when it is not JSON or not an object."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+async def _text(response: aiohttp.ClientResponse) -> str:
+    """The body as text, never failing on its bytes: what is not valid in its charset is
+    replaced; a charset that is not a text encoding (or has no lenient decoder) is read as
+    UTF-8."""
+    try:
+        return await response.text(errors="replace")
+    except (LookupError, UnicodeError):
+        return (await response.read()).decode("utf-8", errors="replace")
 
 
 def complete_by_header(when: datetime) -> str:
@@ -88,8 +115,9 @@ class _Tally:
     key: str
     failed: bool = False
     counts: bool = True
-    #: Did the last call end without telling whether it was applied (a timeout, a
-    #: dropped connection)? And how did it fail?
+    #: Has a call of this attempt ended without telling whether it was applied (a
+    #: timeout, a dropped connection, a 2xx without a JSON object)? It stays so: a later
+    #: 503 says nothing about that call. And how did the last call fail?
     unknown: bool = False
     last_error: str = ""
 
@@ -191,7 +219,11 @@ class RemoteClient:
                             request, timeout=min(self.call_timeout, left), time_left=time_left, tally=tally
                         )
                     except TransientRemoteError as error:
-                        tally.unknown, tally.last_error = error.unknown, str(error)
+                        # Once a call's outcome is unknown, it stays so for the attempt:
+                        # every later retry asks first (a 503 after a timeout does not say
+                        # the timed-out call was not applied).
+                        tally.unknown = tally.unknown or error.unknown
+                        tally.last_error = str(error)
                         raise
         except BreakerOpen as error:
             if not tally.failed:
@@ -223,10 +255,10 @@ class RemoteClient:
             log.info("lookup %s failed (%s): sending the action", url, error)
             return None
         if status == 200:
-            try:
-                return json.loads(text)
-            except ValueError:
-                return None
+            settled = _json_object(text)
+            if settled is None:
+                log.info("lookup %s answered 200 without a JSON object: sending the action", url)
+            return settled
         if status != 404:
             log.info("lookup %s answered HTTP %s: sending the action", url, status)
         return None
@@ -268,7 +300,7 @@ class RemoteClient:
                     async with self._session().request(
                         method, url, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
                     ) as response:
-                        status, text = response.status, await response.text()
+                        status, text = response.status, await _text(response)
                         retry_after = response.headers.get("Retry-After")
                 except (aiohttp.ClientError, asyncio.TimeoutError) as error:
                     self._record(ok=False, tally=tally)
@@ -314,7 +346,12 @@ class RemoteClient:
             raise TransientRemoteError(f"HTTP {status}", retry_after=retry_after)
         if status >= 400:
             raise PermanentRemoteError(f"HTTP {status}: {text[:500]}")
-        try:
-            return json.loads(text)
-        except ValueError as error:
-            raise TransientRemoteError(f"HTTP {status} with a body that is not JSON") from error
+        result = _json_object(text)
+        if result is None:
+            # The service said it did it but not what came of it: the action may well have
+            # been applied (its outcome is unknown, a retry asks first), and this call failed.
+            tally.failed = True
+            raise TransientRemoteError(
+                f"HTTP {status} with a body that is not a JSON object: {text[:200]!r}", unknown=True
+            )
+        return result
