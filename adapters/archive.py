@@ -47,6 +47,12 @@ class ArchiveConflict(RuntimeError):
     """The day's blob kept changing under the commit (another runner): try the tick again."""
 
 
+class BadCursor(ValueError):
+    """A (part, offset) to read a day from that is not where one of its lines starts: no
+    part of that number, an offset inside a line, or past the part's end (a forged cursor;
+    the cursors :class:`Line` gives are all line starts, and a day's blobs only grow)."""
+
+
 @dataclass
 class Part:
     """One blob of a day: its part number, committed block ids in order, and its ETag."""
@@ -167,29 +173,42 @@ class Archive:
 
     def lines(self, day: str, *, part: int = 0, offset: int = 0) -> Iterator[Line]:
         """The day's archived orders in the order archived, from byte ``offset`` of part
-        ``part`` on (a cursor of :attr:`Line`). Streams each blob in chunks of 4 MiB."""
-        for number in self._parts(day):
+        ``part`` on (a cursor of :attr:`Line`). Streams each blob in chunks of 4 MiB.
+
+        A cursor must be where a line starts (the byte before it a newline; the part's end
+        is one too): it is read from the byte before it, checked; otherwise
+        :class:`BadCursor` (raised at the first ``next``), never a partial line parsed."""
+        parts = self._parts(day)
+        if (part, offset) != (0, 0) and part not in parts:
+            raise BadCursor(f"the archive of {day} has no part {part}")
+        for number in parts:
             if number < part:
                 continue
             start = offset if number == part else 0
             blob = self.container.get_blob_client(retention.blob_name(day, number))
             try:
                 self._op("get")
-                stream = blob.download_blob(offset=start) if start else blob.download_blob()
+                stream = blob.download_blob(offset=start - 1) if start else blob.download_blob()
             except ResourceNotFoundError:
                 continue
             except HttpResponseError as error:
-                if getattr(error, "status_code", None) == 416:  # the offset is at the end
-                    continue
+                if start and getattr(error, "status_code", None) == 416:
+                    raise BadCursor(f"offset {start} is past the end of part {number} of {day}") from None
                 raise
-            position, pending = start, b""
+            position, pending, check = start, b"", bool(start)
             for chunk in stream.chunks():
                 pending += chunk
+                if check and pending:
+                    if pending[:1] != b"\n":
+                        raise BadCursor(f"offset {start} of part {number} of {day} is not where a line starts")
+                    pending, check = pending[1:], False
                 *complete, pending = pending.split(b"\n")
                 for raw in complete:
                     position += len(raw) + 1
                     if raw.strip():
                         yield Line(json.loads(raw), number, position)
+            if check:  # not one byte from the one before the offset: past the end (Azurite's answer, not a 416)
+                raise BadCursor(f"offset {start} is past the end of part {number} of {day}")
 
     def has_day(self, day: str) -> bool:
         return bool(self._parts(day))

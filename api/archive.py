@@ -15,7 +15,7 @@ import binascii
 import itertools
 from collections.abc import Mapping
 
-from adapters.archive import Archive
+from adapters.archive import Archive, BadCursor
 from api.orders import DEFAULT_LIMIT, MAX_LIMIT, BadRequest, Reply, only, order_id_of, refused, whole_number
 from core.retention import BadDay, parse_day
 
@@ -63,7 +63,10 @@ def list_day(day: str | None, params: Mapping[str, str], *, archive: Archive) ->
     part, offset = _cursor(params.get("continuation"))
     if not archive.has_day(day):
         return refused(404, "not_found", f"no archive for {day}")
-    page = list(itertools.islice(archive.lines(day, part=part, offset=offset), limit + 1))
+    try:
+        page = list(itertools.islice(archive.lines(day, part=part, offset=offset), limit + 1))
+    except BadCursor:  # a part, or an offset, no page ended at
+        raise BadRequest("continuation is not a token from a previous page") from None
     shown = page[:limit]
     more = len(page) > limit
     return Reply(200, {

@@ -27,6 +27,10 @@ from core.workflow import UnknownWorkflow, workflow
 #: Every customer index key has 13 digits of inverted milliseconds: 10**13 ms is the
 #: year 2286, so the digits never run out and the keys sort as numbers.
 _INVERT_FROM = 10**13
+#: The creation times, in milliseconds since 1970, a key can hold in its 13 digits: from
+#: 1970-01-01T00:00:00.001Z to 2286-11-20T17:46:40Z (every order's: it is created at the
+#: app's clock). A time outside them would take 14 digits or a sign, and sort wrongly.
+_FIRST_MS, _LAST_MS = 1, _INVERT_FROM
 #: Sorts after every character an order id may hold (core.models.ORDER_ID_PATTERN).
 _AFTER = "~"
 #: The group id: this many hex digits of a SHA-256 (48 bits; a collision between two
@@ -86,13 +90,24 @@ class KeyRange:
     hi: str | None
 
 
+#: No RowKey: every key starts with a digit, so none is at or after ``~``.
+_NOTHING = KeyRange(_AFTER, _AFTER)
+
+
 def customer_key_range(since: datetime | None, until: datetime | None) -> KeyRange:
     """The RowKeys of the orders created at or after ``since`` and at or before ``until``
-    (to the millisecond): newer orders have smaller keys, so ``until`` is the low end."""
+    (to the millisecond): newer orders have smaller keys, so ``until`` is the low end.
+
+    A bound outside the times a key can hold (before 1970-01-01T00:00:00.001Z, after
+    2286-11-20T17:46:40Z) is clamped, as no order was created there: a ``since`` before
+    them or an ``until`` after them bounds nothing; an ``until`` before them or a ``since``
+    after them leaves no order (:data:`_NOTHING`)."""
     if since is not None and until is not None and since > until:
         raise ValueError(f"since ({since.isoformat()}) is after until ({until.isoformat()})")
-    lo = _inverted(until) if until is not None else None
-    hi = _inverted(since) + _AFTER if since is not None else None
+    if (until is not None and millis(until) < _FIRST_MS) or (since is not None and millis(since) > _LAST_MS):
+        return _NOTHING
+    lo = _inverted(until) if until is not None and millis(until) < _LAST_MS else None
+    hi = _inverted(since) + _AFTER if since is not None and millis(since) > _FIRST_MS else None
     return KeyRange(lo, hi)
 
 

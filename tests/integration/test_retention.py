@@ -4,6 +4,7 @@ API's functions and ``ordersctl archive show``'s."""
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import timedelta
 
@@ -287,6 +288,45 @@ def test_the_archive_is_read_back_by_day_and_by_order(store, archive):
         show(archive, "25-11-2026")
 
 
+def forged(part: int, offset: int) -> str:
+    """A continuation as GET /api/archive/{day} writes one (base64 of ``part:offset``), for any cursor."""
+    return base64.urlsafe_b64encode(f"{part}:{offset}".encode()).rstrip(b"=").decode()
+
+
+def test_a_continuation_that_is_not_where_a_line_starts_is_refused_and_a_real_one_reads_on(store, archive, monkeypatch):
+    from api.orders import BadRequest
+
+    monkeypatch.setattr(retention, "MAX_BLOCKS_PER_BLOB", 2)
+    for n in range(3):
+        end(store, f"c-{n}", DAYS_AGO_3 + timedelta(seconds=n))
+    for _ in range(3):
+        tick(store=store, archive=archive, policy=policy(max_orders=1), now=NOW)
+    day = retention.day_of(DAYS_AGO_3)
+    assert [(p.number, len(p.blocks)) for p in archive.day(day).parts] == [(0, 2), (1, 1)]
+    order = [doc["order_id"] for doc in archived(archive, day)]
+    raw = archive.container.get_blob_client(f"orders/{day}.jsonl").download_blob().readall()
+    first_end = raw.index(b"\n") + 1  # where part 0's second line starts
+    assert 0 < first_end < len(raw) and raw.endswith(b"\n")
+
+    def listed(part: int, offset: int) -> list[str]:
+        reply = archive_api.list_day(day, {"continuation": forged(part, offset)}, archive=archive)
+        assert reply.status == 200, reply.body
+        return [o["order_id"] for o in reply.body["orders"]]
+
+    # Where a line starts (as a page's continuation points): the orders from there on.
+    assert listed(0, first_end) == order[1:]
+    assert listed(0, len(raw)) == order[2:]  # part 0's end: part 1 next
+    assert listed(1, 0) == order[2:]
+    # Inside a line (the first byte of a line is not a start: a line starts after a newline),
+    # past a part's end, or in a part that is not there: refused, no partial line parsed.
+    for part, offset in ((0, 1), (0, first_end // 2), (0, first_end - 1), (0, first_end + 1), (0, len(raw) - 1),
+                         (0, len(raw) + 1), (0, len(raw) + 10_000), (1, 5), (2, 0), (2, first_end), (9, 1)):
+        with pytest.raises(BadRequest, match="continuation is not a token from a previous page"):
+            archive_api.list_day(day, {"continuation": forged(part, offset)}, archive=archive)
+    # The pages a client follows still read every order once.
+    assert every_page(archive, day, limit=1) == order
+
+
 @pytest.mark.parametrize(
     ("day", "params"),
     [("2026-02-30", {}), ("today", {}), ("2026-11-25", {"limit": "0"}), ("2026-11-25", {"continuation": "%%"}),
@@ -328,4 +368,7 @@ def test_the_archive_routes_over_http_by_role(app_settings, funchost):
     assert_refused(requests.get(f"{api}/2026-02-30", headers=reader, timeout=10), 400, "bad_request", "date")
     assert_refused(requests.get(f"{api}/{day}/orders/bad%20id", headers=reader, timeout=10), 400, "bad_request")
     assert_refused(requests.get(f"{api}/{day}", params={"limit": "x"}, headers=reader, timeout=10), 400, "bad_request")
+    # A continuation pointing inside a line (forged: a page's points where a line starts) is a 400, not a 500.
+    assert_refused(requests.get(f"{api}/{day}", params={"continuation": forged(0, 7)}, headers=reader, timeout=10),
+                   400, "bad_request", "continuation")
     assert_refused(requests.post(f"{api}/{day}", headers=reader, timeout=10), 405, "method_not_allowed", "GET")

@@ -100,6 +100,39 @@ def test_a_customers_orders_over_http_newest_first_in_pages_within_a_window(app_
                        "bad_request", *words)
 
 
+def test_a_window_before_1970_or_after_2286_is_clamped_over_http_and_by_ordersctl(app_settings, api):
+    """The customer index's keys hold 13 digits of inverted milliseconds (1970 to 2286): a
+    since/until outside them is answered as the window it means, never misread as a key."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from ordersctl.cli import app as ordersctl
+
+    for i in range(3):
+        submitted(f"e-{i}", "cust-e")
+    everything = ["e-2", "e-1", "e-0"]
+    reader = principal(READER_ROLE)
+
+    def shown(**window: str) -> list[str]:
+        page = requests.get(f"{api}/orders", params={"customer": "cust-e", **window}, headers=reader, timeout=30)
+        assert page.status_code == 200, page.text
+        return [o["order_id"] for o in page.json()["orders"]]
+
+    assert shown(since="1970-01-01T00:00:00Z") == everything
+    assert shown(since="1969-01-01T00:00:00Z", until="9999-12-31T23:59:59Z") == everything
+    assert shown(until="2286-11-20T17:46:40.001Z") == everything
+    assert shown(until="1969-01-01T00:00:00Z") == []
+    assert shown(until="1970-01-01T00:00:00Z") == []
+    assert shown(since="2286-11-20T17:46:40.001Z") == []
+    # ordersctl list --customer reads through the same function.
+    for args, expected in ((["--since", "1970-01-01T00:00:00Z"], everything),
+                           (["--until", "1969-01-01T00:00:00Z"], [])):
+        result = CliRunner().invoke(ordersctl, ["list", "--customer", "cust-e", *args])
+        assert result.exit_code == 0, result.output
+        assert [o["order_id"] for o in json.loads(result.output)["orders"]] == expected, args
+
+
 def test_the_error_groups_over_http_and_a_group_resubmit_for_operators_only(app_settings, api):
     for i in range(6):
         in_error(f"e-{i}")

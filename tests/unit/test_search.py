@@ -137,6 +137,29 @@ def test_a_customers_orders_read_newest_first_in_pages_and_no_one_elses():
     assert every_page(store, "nobody", limit=5) == [[]]
 
 
+def test_a_window_reaching_past_the_times_a_key_can_hold_is_clamped_not_misread():
+    """A key holds 13 digits of inverted milliseconds (1970-01-01T00:00:00.001Z to 2286): a
+    bound outside them bounds nothing, or leaves nothing, as no order was created there."""
+    store = StateStore(MemoryTable())
+    for i in range(3):
+        submit(store, f"c-{i}", "cust-c", T0 + timedelta(seconds=i))
+    everything = [["c-2", "c-1", "c-0"]]
+    epoch, last = datetime(1970, 1, 1, tzinfo=UTC), datetime(2286, 11, 20, 17, 46, 40, tzinfo=UTC)
+    for since in (epoch, datetime(1969, 1, 1, tzinfo=UTC), datetime(1, 1, 1, tzinfo=UTC)):
+        assert every_page(store, "cust-c", limit=5, since=since) == everything, since
+        assert every_page(store, "cust-c", limit=5, until=since) == [[]], since
+    for until in (last, last + timedelta(milliseconds=1), datetime(9999, 12, 31, tzinfo=UTC)):
+        assert every_page(store, "cust-c", limit=5, until=until) == everything, until
+        assert every_page(store, "cust-c", limit=5, since=datetime(1969, 1, 1, tzinfo=UTC), until=until) == everything
+    assert every_page(store, "cust-c", limit=5, since=last + timedelta(milliseconds=1)) == [[]]
+    # The first and last times a key holds are bounds as any other.
+    assert every_page(store, "cust-c", limit=5, since=epoch + timedelta(milliseconds=1)) == everything
+    assert every_page(store, "cust-c", limit=5, until=epoch + timedelta(milliseconds=1)) == [[]]
+    assert every_page(store, "cust-c", limit=5, since=last) == [[]]
+    assert every_page(store, "cust-c", limit=5, since=T0 + timedelta(seconds=1), until=last) == [["c-2", "c-1"]]
+    assert every_page(store, "cust-c", limit=5, since=epoch, until=T0 + timedelta(seconds=1)) == [["c-1", "c-0"]]
+
+
 def test_a_page_costs_one_query_and_a_read_per_order_never_a_scan():
     table = MemoryTable()
     store = StateStore(table)
