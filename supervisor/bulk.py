@@ -91,8 +91,11 @@ def _one(row: search.Member, group: str, progress: Progress, *, store, nudger: N
         row.remove()
         progress.skipped.append(row.order_id)
         return
-    if (state.process_state is not ProcessState.ERROR or state.attempt != row.attempt
-            or cause_of(state).group != group):
+    def recorded(state) -> bool:  # the Error this row records
+        return (state.process_state is ProcessState.ERROR and state.attempt == row.attempt
+                and cause_of(state).group == group)
+
+    if not recorded(state):
         # Not the Error this row records: resubmitted already (a crash before its row went),
         # or failed again since (its new row is in its cause's group).
         if state.process_state is not ProcessState.ERROR or cause_of(state).group != group:
@@ -100,8 +103,10 @@ def _one(row: search.Member, group: str, progress: Progress, *, store, nudger: N
         progress.skipped.append(row.order_id)
         return
     try:
-        resubmit(row.order_id, store=store, nudger=nudger, now=now, pending_timeout=pending_timeout)
-    except NotResubmittable:  # another operator's resubmit won the If-Match write
+        # Checked again on the resubmit's own read: another operator's resubmit, and a new
+        # Error of another cause, may come between.
+        resubmit(row.order_id, store=store, nudger=nudger, now=now, pending_timeout=pending_timeout, expected=recorded)
+    except NotResubmittable:  # another operator's resubmit won the If-Match write, or it failed again since
         progress.skipped.append(row.order_id)
         return
     progress.resubmitted.append(row.order_id)

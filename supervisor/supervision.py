@@ -149,18 +149,24 @@ class NotResubmittable(Exception):
 
 
 def resubmit(
-    order_id: str, *, store: StateStore, nudger: Nudger, now: datetime, pending_timeout: timedelta
+    order_id: str, *, store: StateStore, nudger: Nudger, now: datetime, pending_timeout: timedelta,
+    expected: Callable[[OrderState], bool] | None = None,
 ) -> OrderState:
     """Operator: Error -> Pending where the order stopped (the stopped step, or the undos
     that failed), failure count cleared, nudged. The next claim takes a new attempt
     number (fencing out any late response of the failed attempts), and the remote
-    service sees the same idempotency keys, so work it already did is not redone."""
+    service sees the same idempotency keys, so work it already did is not redone.
+
+    ``expected``: the Error the caller means (a bulk resubmit's: the one its group's row
+    records); any other, as read here, is not resubmitted (:class:`NotResubmittable`)."""
     record = store.read(order_id)  # the partition: the write deletes a first-claim seal still there
     state = record.state
     with telemetry.continue_order(names.SPAN_RESUBMIT, state.trace_parent, **_where(state)):
         new = lifecycle.resubmit(state, now, pending_timeout)
         if new is None:
             raise NotResubmittable(f"order {order_id} is {state.process_state.value}, not Error: nothing to resubmit")
+        if expected is not None and not expected(state):
+            raise NotResubmittable(f"order {order_id} is in another Error than the one meant: look again")
         store.reindex(order_id, now)  # back in the supervisor's view before it leaves Error
         try:
             written = store.write_over(record, new).state

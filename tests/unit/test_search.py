@@ -339,6 +339,34 @@ def test_a_row_left_by_a_resubmit_that_died_is_skipped_and_removed():
     assert search.members(w.store, group, limit=10) == ([], False)
 
 
+def test_a_bulk_resubmit_leaves_an_order_that_failed_again_after_its_check():
+    """Between the group's check of an order and its resubmit's read, another operator
+    resubmits it and it fails again: the group's call must not resubmit that new Error (a
+    new attempt, its own row; the next call, or its cause's group if another, takes it)."""
+    from scheduler import dispatch
+    from supervisor import supervision
+
+    w, group = errors_world(2)
+    first = w.state("e-00")
+    read, raced = w.store.read, []
+
+    def read_after_a_race(order_id, *args, **kwargs):
+        if order_id == "e-00" and not raced:
+            raced.append(order_id)
+            supervision.resubmit("e-00", store=w.store, nudger=w.nudger, now=w.now, pending_timeout=timedelta(seconds=30))
+            nudge, _ = w.nudger.nudges[-1]
+            dispatch.schedule(nudge, scheduler=w.scheduler, now=w.now)  # the release claimed again...
+            w.answer(Outcome.FAILED_PERMANENT, error="HTTP 410: release of e-00 gone for good")  # ...and refused
+        return read(order_id, *args, **kwargs)
+
+    w.store.read = read_after_a_race
+    progress = resubmit_group(group, store=w.store, nudger=w.nudger, pending_timeout=timedelta(seconds=30),
+                              per_second=1000, batch=10, now=lambda: w.now)
+    assert raced and progress.skipped == ["e-00"] and progress.resubmitted == ["e-01"]
+    again = w.state("e-00")
+    assert again.process_state is ProcessState.ERROR and again.attempt > first.attempt
+
+
 def test_a_slow_rate_shortens_the_batch_so_a_call_answers_within_a_minute():
     w, group = errors_world(8)
     clock = Clock()
