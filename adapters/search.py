@@ -38,7 +38,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from azure.core import MatchConditions
@@ -207,8 +207,10 @@ def index_error(store, state: OrderState) -> None:
 
 def unindex_error(store, state: OrderState) -> None:
     """The order, as it was in Error (``state``), leaves its group: its row is deleted if it
-    is still that Error's (same attempt; If-Match on the row as read), so a later Error of
-    the same order, at a later attempt, keeps its row. Two requests (a read, a delete)."""
+    is still that Error's (same attempt and the same time it ended; If-Match on the row as
+    read), so a later Error of the same order keeps its row, at a later attempt or at the
+    same one (a resubmitted undo of a step that has none fails again at once, unclaimed).
+    Two requests (a read, a delete)."""
     if state.process_state is not ProcessState.ERROR:
         return
     account, partition = _home(store, state.order_id), error_partition(cause_of(state).group)
@@ -217,8 +219,13 @@ def unindex_error(store, state: OrderState) -> None:
         row = account.table.get_entity(partition, state.order_id)
     except ResourceNotFoundError:
         return
-    if row.get("Attempt") == state.attempt:
+    if row.get("Attempt") == state.attempt and _same_time(row.get("ErrorAt"), state.updated_at):
         _delete(account, partition, state.order_id, row.metadata["etag"])
+
+
+def _same_time(stored, when: datetime) -> bool:
+    """A time read back from a row (Table storage keeps 7 decimals) against one in hand."""
+    return stored is not None and abs(stored - when) < timedelta(milliseconds=1)
 
 
 @dataclass(frozen=True)

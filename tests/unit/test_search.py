@@ -238,6 +238,22 @@ def test_a_resubmitted_order_that_fails_again_is_back_in_its_group_and_keeps_its
     assert [m.attempt for m in search.members(w.store, group.group, limit=10)[0]] == [again.attempt]
 
 
+def test_an_error_at_the_same_attempt_but_later_keeps_its_row_when_the_earlier_one_leaves():
+    """A resubmitted undo of a step that has none fails again at once, at the same attempt
+    (no claim): when the resubmit then takes the earlier Error out of its group, the row the
+    new Error wrote stays (it records a later end)."""
+    w = World()
+    to_error(w, "e-1")
+    earlier = w.state("e-1")
+    later = earlier.model_copy(update={"updated_at": earlier.updated_at + timedelta(seconds=2)})
+    search.index_error(w.store, later)  # the new Error's row: same attempt, same cause
+    search.unindex_error(w.store, earlier)
+    (member,), _ = search.members(w.store, search.cause_of(later).group, limit=10)
+    assert member.order_id == "e-1"
+    search.unindex_error(w.store, later)  # and that Error's own resubmit takes it out
+    assert search.members(w.store, search.cause_of(later).group, limit=10) == ([], False)
+
+
 def test_forget_removes_an_orders_rows_from_both_indexes():
     w = World()
     order = OrderRequest.model_validate(order_dict("e-1", lines=1))
