@@ -4,7 +4,8 @@ Optional JSON body ``{"reason": "..."}`` (core.models.CancelRequest's reason: 1 
 characters, no control characters). Replies: 202 with the order document (as
 ``GET /api/orders/{id}``) when the cancel is recorded, and when it is a no-op (a cancel
 was recorded before, or the order is Compensated); 409 for an order that ended Processed
-or in Error, with the reason; 404 for an unknown order; 400 for a bad id or body.
+or in Error, with the reason; 503 (Retry-After: 1) when the order's row kept moving under
+the cancel (try again); 404 for an unknown order; 400 for a bad id or body.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from api.orders import BadRequest, Reply, order_id_of, refused
 from core import access
 from core.models import CancelRequest, explain
 from core.progress import status_document
-from scheduler.cancellation import NotCancellable, cancel
+from scheduler.cancellation import Busy, NotCancellable, cancel
 
 #: A body larger than this is not a cancel request.
 MAX_BODY_BYTES = 4_096
@@ -75,6 +76,8 @@ def cancel_order(
         cancel(order_id, reason=reason, by=by, store=store, publisher=publisher, nudger=nudger, now=now)
     except OrderNotFound:
         return refused(404, "not_found", f"no order {order_id!r}")
+    except Busy as error:
+        return refused(503, "busy", str(error), **{"Retry-After": "1"})
     except NotCancellable as error:
         return refused(409, "conflict", str(error))
     record = store.read(order_id)

@@ -36,6 +36,12 @@ class NotCancellable(Exception):
     """The order ended Processed or in Error: there is nothing to cancel (HTTP 409)."""
 
 
+class Busy(NotCancellable):
+    """The order's row kept moving under the cancel (others' writes won every try): not
+    refused, to be tried again (HTTP 503; a cancel message is left to Service Bus to deliver
+    again)."""
+
+
 @dataclass(frozen=True)
 class Cancelled:
     #: RECORDED now, or ALREADY (a cancel was recorded before, or the order is Compensated).
@@ -87,7 +93,7 @@ def cancel(
                 # It may wait for a delayed nudge (a backoff, a postponement): act now.
                 nudger.nudge(Nudge(order_id=order_id, state=written))
             return Cancelled(CancelVerdict.RECORDED, written)
-        raise NotCancellable(f"order {order_id} kept changing while cancelling; try again")
+        raise Busy(f"order {order_id} kept changing while cancelling; try again")
 
 
 def _definition(state: OrderState) -> Workflow | None:
@@ -113,8 +119,9 @@ def cancel_message(
     (scheduler/submission.py): a message that cannot be acted on (not JSON, not a
     :class:`CancelRequest`, an unknown order, an order that ended Processed or in Error)
     is kept whole with its reason in the rejections table (source ``order-cancellations``)
-    and completes: never retried in a loop, nothing lost. Only a failure of storage
-    raises, so Service Bus delivers the message again."""
+    and completes: never retried in a loop, nothing lost. Only a failure of storage, or
+    an order whose row kept moving under the cancel (:class:`Busy`), raises, so Service
+    Bus delivers the message again."""
     message_id, content_type = _text(message_id), _text(content_type)
 
     def reject(reason: str, order_id: str | None = None) -> MessageOutcome:
@@ -140,6 +147,8 @@ def cancel_message(
         )
     except OrderNotFound:
         return reject(f"no order {request.order_id!r}", request.order_id)
+    except Busy:
+        raise  # not refused: Service Bus delivers it again
     except NotCancellable as error:
         return reject(str(error), request.order_id)
     return MessageOutcome(done.verdict.value, request.order_id, done.reason)

@@ -420,3 +420,33 @@ def test_a_line_cancelled_while_postponed_is_undone_exactly_once_its_request_can
     w.answer()
     state = w.state()
     assert state.process_state is ProcessState.COMPENSATED and "customer asked" in state.cause
+
+
+def test_a_cancel_whose_order_kept_moving_is_busy_not_refused(monkeypatch):
+    """Others' writes won every try: the API answers 503 with Retry-After (not 409, which
+    says the order cannot be cancelled), and a cancel message is left to Service Bus to
+    deliver again (not kept as a rejection)."""
+    from adapters.store import ConcurrencyConflict
+    from api import cancel as cancel_api
+
+    w = World()
+    w.submit()
+
+    def lost(*args, **kwargs):
+        raise ConcurrencyConflict("moved")
+
+    monkeypatch.setattr(w.store, "write_over", lost)
+    with pytest.raises(cancellation.Busy):
+        cancel(w)
+    reply = cancel_api.cancel_order(
+        "o-1", b"", by="ops", store=w.store, publisher=w.publisher, nudger=w.nudger, now=w.now
+    )
+    assert reply.status == 503 and reply.headers.get("Retry-After") == "1" and reply.body["error"] == "busy"
+    rejections = RejectionStore(MemoryTable())
+    with pytest.raises(cancellation.Busy):
+        cancellation.cancel_message(
+            CancelRequest(order_id="o-1").model_dump_json().encode(), message_id="cancel:o-1",
+            content_type="application/json", store=w.store, rejections=rejections, publisher=w.publisher,
+            nudger=w.nudger, now=w.now,
+        )
+    assert rejections.list() == []
