@@ -144,6 +144,16 @@ class CircuitBreaker:
         # that went to another host, or ended, is not waited for).
         return any(key != request and due >= now - self.options.open_seconds for key, due in self._waiting.items())
 
+    def confirm(self, request: str) -> None:
+        """Just before a call that waited after :meth:`before_call` (for a bulkhead slot):
+        raise :class:`BreakerOpen` unless the breaker is still closed or ``request`` holds
+        the half-open trial, so no call goes out on a breaker that opened meanwhile."""
+        with self._lock:
+            self._half_open_if_due()
+            if self._state is BreakerState.CLOSED or self._trial == request:
+                return
+            raise self._refusal(request, self._clock())
+
     def refuse_if_open(self) -> None:
         """For a call that tells nothing about the action (a lookup): raise
         :class:`BreakerOpen` while open; it never takes the half-open trial."""

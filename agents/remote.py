@@ -279,6 +279,12 @@ class RemoteClient:
                 await asyncio.wait_for(bulkhead.acquire(), timeout=max(0.0, time_left() - MIN_CALL_SECONDS))
             except asyncio.TimeoutError as error:
                 raise DeadlineReached("no free call slot before complete-by") from error
+            if self.breaker is not None:  # the breaker may have opened while this call waited
+                try:
+                    self.breaker.confirm(tally.key) if tally.counts else self.breaker.refuse_if_open()
+                except BreakerOpen:
+                    bulkhead.release()
+                    raise
         else:  # a free slot: taken at once, without wait_for's task and timer (issue 21)
             await bulkhead.acquire()
         # The wait for the slot took time: send only with enough of it left, and no longer.

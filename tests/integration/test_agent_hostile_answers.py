@@ -275,3 +275,39 @@ def test_a_timeout_then_a_503_still_asks_before_the_next_retry(scripted):
     # POST (timed out: applied?) -> GET 404, POST 503 -> GET: applied after all.
     assert response.outcome is Outcome.SUCCEEDED and response.result == {"confirmation": "c-1"}
     assert [method for method, _ in server.seen] == ["POST", "GET", "POST", "GET"]
+
+
+# 5. The breaker opens while a call waits for a bulkhead slot.
+
+
+def test_a_call_that_waited_for_a_slot_is_not_sent_once_the_breaker_opened_meanwhile(scripted):
+    """Two requests, one slot: the first holds it (no answer), the second passed the breaker
+    (closed) and waits for the slot; the breaker opens (other requests failing); the first
+    times out and frees the slot. The second must not call: an open breaker sends nothing."""
+    from agents.breaker import BreakerOpen
+
+    server = scripted(post=[HANG])
+    breaker = CircuitBreaker("inventory", BreakerOptions(failure_ratio=0.5, minimum_throughput=2))
+    remote = RemoteClient(server.url(), call_timeout=1.0, breaker=breaker, max_concurrent_calls=1)
+    one_call = AgentPolicy(max_calls=1, backoff_initial=0.01, backoff_max=0.02)
+
+    async def scenario():
+        try:
+            first = asyncio.create_task(remote.call(request("o-1", policy=one_call), now=utcnow))
+            second = asyncio.create_task(remote.call(request("o-2", policy=one_call), now=utcnow))
+            deadline = asyncio.get_running_loop().time() + 10
+            while not (server.count("POST") == 1 and remote._bulkhead()._waiters):
+                assert asyncio.get_running_loop().time() < deadline, "the second call never waited for the slot"
+                await asyncio.sleep(0.01)
+            breaker.failed("other-1")
+            breaker.failed("other-2")
+            assert breaker.state is BreakerState.OPEN
+            outcomes = await asyncio.gather(first, second, return_exceptions=True)
+        finally:
+            await remote.close()
+        return outcomes
+
+    first, second = asyncio.run(scenario())
+    assert isinstance(first, TransientRemoteError)  # the hanging call timed out
+    assert isinstance(second, BreakerOpen)  # refused after its wait: nothing was sent
+    assert server.count("POST") == 1

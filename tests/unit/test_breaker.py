@@ -238,3 +238,18 @@ def test_the_agents_build_their_breakers_from_the_app_settings(monkeypatch):
     monkeypatch.setenv("BREAKER_MINIMUM_THROUGHPUT", "1")  # one request alone could open it: refused
     with pytest.raises(ValueError, match="BREAKER_MINIMUM_THROUGHPUT"):
         Settings()
+
+
+def test_a_call_confirmed_after_a_wait_goes_only_on_a_closed_breaker_or_as_the_half_open_trial():
+    clock = Clock()
+    b = breaker(clock)
+    b.before_call("w")  # passed while closed, then waits (for a bulkhead slot)
+    b.confirm("w")  # still closed: it may call
+    fail(b, "a", "b", "c", "d")
+    with pytest.raises(BreakerOpen):
+        b.confirm("w")  # opened while it waited: it must not call
+    clock.now += 30
+    b.before_call("t")  # half-open: "t" takes the trial, then waits too
+    b.confirm("t")
+    with pytest.raises(BreakerOpen):
+        b.confirm("w")  # not the trial
