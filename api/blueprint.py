@@ -115,9 +115,10 @@ def post_order_event(req: func.HttpRequest) -> func.HttpResponse:
     def action() -> orders.Reply:
         from scheduler.blueprint import scheduler
 
+        s = services()
         return events.post_event(
             req.route_params.get("id"), req.route_params.get("name"), req.get_body(),
-            scheduler=scheduler(services()), now=utcnow(),
+            scheduler=scheduler(s), now=utcnow(), signed_in=cancel.signed_in(s.settings.api_auth, req.headers),
         )
 
     return _operate(req, action)

@@ -52,17 +52,23 @@ def reason_of(body: bytes | None) -> str | None:
         raise BadRequest(explain(error)) from None
 
 
+def signed_in(mode: access.ApiAuth, headers: Mapping[str, str]) -> str | None:
+    """The Easy Auth principal's name (control characters dropped, at most 200 characters);
+    None without Easy Auth, or when the principal names no one."""
+    if mode is not access.ApiAuth.EASYAUTH:
+        return None
+    lowered = {key.lower(): value for key, value in headers.items()}
+    try:
+        name = access.Principal.from_header(lowered.get(access.PRINCIPAL_HEADER, "")).name
+    except access.BadPrincipal:
+        return None
+    return (_CONTROL.sub("", name)[:200] or None) if name else None
+
+
 def caller(mode: access.ApiAuth, headers: Mapping[str, str]) -> str:
     """Who asked, as the cancel records it: the Easy Auth principal's name, else the API."""
     if mode is access.ApiAuth.EASYAUTH:
-        lowered = {key.lower(): value for key, value in headers.items()}
-        try:
-            name = access.Principal.from_header(lowered.get(access.PRINCIPAL_HEADER, "")).name
-        except access.BadPrincipal:
-            name = None
-        if name:
-            return _CONTROL.sub("", name)[:200] or "an operator"
-        return "an operator"
+        return signed_in(mode, headers) or "an operator"
     return "the status API"
 
 

@@ -1,7 +1,9 @@
 """``POST /api/orders/{id}/events/{name}``: an external event for an order's waiting step
 (an approval), as a plain function of its inputs (api/blueprint.py binds it).
 
-Body ``{"approved": true|false, "by": "...", "note": "..."}`` (core.models.EventBody).
+Body ``{"approved": true|false, "by": "...", "note": "..."}`` (core.models.EventBody); with
+App Service Authentication the signed-in caller's name is recorded as ``by``, whatever the
+body says (the audit trail names who approved, as a cancel does).
 202 with the order document when the event is accepted, or when it is a duplicate of
 the event that already ended the line (nothing changes); 409 when no line waits for
 it (nothing changes); 404 for an unknown order; 400 for a bad id, event name or body;
@@ -44,9 +46,13 @@ def event_body_of(body: bytes) -> EventBody:
 
 
 def post_event(
-    order_id: str | None, name: str | None, body: bytes, *, scheduler: Scheduler, now: datetime
+    order_id: str | None, name: str | None, body: bytes, *, scheduler: Scheduler, now: datetime,
+    signed_in: str | None = None,
 ) -> Reply:
+    """``signed_in``: the caller's name as App Service Authentication gives it (None without it)."""
     order_id, name, event = order_id_of(order_id), event_name_of(name), event_body_of(body)
+    if signed_in:
+        event = event.model_copy(update={"by": signed_in[:200]})
     try:
         delivered = deliver(order_id, name, event, scheduler=scheduler, now=now)
     except Busy as error:

@@ -22,6 +22,7 @@ Each takes the reader role (an operator may read too); refusals are the status A
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime, timedelta
@@ -82,6 +83,7 @@ def asset(name: str | None) -> Reply:
 def me(mode: access.ApiAuth, headers: Mapping[str, str]) -> Reply:
     """The caller: name, app roles and what they may do (the page hides what they may not)."""
     lowered = {key.lower(): value for key, value in headers.items()}
+    platform_auth = os.environ.get(access.PLATFORM_AUTH_SETTING)
     name, roles = None, []
     if mode is access.ApiAuth.EASYAUTH:
         principal = access.Principal.from_header(lowered[access.PRINCIPAL_HEADER])  # checked by serve()
@@ -92,8 +94,8 @@ def me(mode: access.ApiAuth, headers: Mapping[str, str]) -> Reply:
             "auth": mode.value,
             "name": name,
             "roles": roles,
-            "can_read": access.check(mode, lowered, access.READ_ROLES) is None,
-            "can_operate": access.check(mode, lowered, access.OPERATE_ROLES) is None,
+            "can_read": access.check(mode, lowered, access.READ_ROLES, platform_auth=platform_auth) is None,
+            "can_operate": access.check(mode, lowered, access.OPERATE_ROLES, platform_auth=platform_auth) is None,
         },
     )
 

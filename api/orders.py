@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -80,7 +81,7 @@ def serve(
 ) -> Reply:
     """Check the caller, then the method, then run ``action``; a BadRequest becomes a 400."""
     lowered = {name.lower(): value for name, value in headers.items()}
-    denial = access.check(mode, lowered, roles)
+    denial = access.check(mode, lowered, roles, platform_auth=os.environ.get(access.PLATFORM_AUTH_SETTING))
     if denial is not None:
         return refused(denial.status, denial.error, denial.reason)
     if method.upper() not in methods:

@@ -13,12 +13,24 @@ The app setting ``API_AUTH`` says which applies (:class:`ApiAuth`): ``easyauth``
 from the header, as above), ``none`` (no check at all: the local stack, where the local
 host listens on loopback only), or ``disabled`` (every call refused: the default, so an
 app deployed without Easy Auth never trusts a header a client could forge).
+
+Two more checks keep those promises when the setting and the platform disagree:
+
+- ``easyauth`` while App Service says Easy Auth is off (``WEBSITE_AUTH_ENABLED``, which App
+  Service sets for the app; Microsoft.Identity.Web reads it the same way,
+  ``AppServicesAuthenticationInformation``): nothing strips a forged header then, so
+  every call is refused. Where the platform does not set the variable at all, the setting
+  is all there is to go by.
+- ``none`` with a ``Host`` that is not a loopback name: a page of another site that made
+  its own name resolve to 127.0.0.1 (DNS rebinding) would otherwise reach the local stack,
+  its ``Origin`` and ``Host`` alike; refused.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import json
 from dataclasses import dataclass
 from enum import Enum
@@ -30,6 +42,8 @@ OPERATOR_ROLE = "Orders.Operate"
 READ_ROLES = frozenset({READER_ROLE, OPERATOR_ROLE})
 OPERATE_ROLES = frozenset({OPERATOR_ROLE})
 
+#: What App Service sets to say whether Easy Auth is on for the app ("True" when it is).
+PLATFORM_AUTH_SETTING = "WEBSITE_AUTH_ENABLED"
 #: The header App Service Authentication passes to the app (lower-cased, as the worker hands it).
 PRINCIPAL_HEADER = "x-ms-client-principal"
 #: Claim types that carry an app role when the principal names none (``role_typ``).
@@ -87,12 +101,23 @@ class Denial:
     reason: str
 
 
-def check(mode: ApiAuth, headers: dict[str, str] | None, allowed: frozenset[str]) -> Denial | None:
-    """None if the call may go on; else why not. ``headers`` have lower-cased names."""
+def check(
+    mode: ApiAuth, headers: dict[str, str] | None, allowed: frozenset[str], *, platform_auth: str | None = None
+) -> Denial | None:
+    """None if the call may go on; else why not. ``headers`` have lower-cased names;
+    ``platform_auth``: the value of ``WEBSITE_AUTH_ENABLED`` (None where it is not set)."""
     if mode is ApiAuth.NONE:
+        host = (headers or {}).get("host")
+        if host is not None and not loopback_host(host):
+            return Denial(403, "forbidden", "API_AUTH=none answers calls to a loopback address only (localhost, 127.0.0.1, ::1)")
         return None
     if mode is ApiAuth.DISABLED:
         return Denial(403, "forbidden", "the status API is not enabled in this deployment (app setting API_AUTH)")
+    if platform_auth is not None and platform_auth.strip().lower() != "true":
+        return Denial(
+            403, "forbidden",
+            "API_AUTH=easyauth, but App Service Authentication is off for this app: no caller can be trusted",
+        )
     value = (headers or {}).get(PRINCIPAL_HEADER)
     if not value:
         return Denial(401, "unauthorized", "no authenticated caller: call with an Entra ID token for this API")
@@ -105,3 +130,19 @@ def check(mode: ApiAuth, headers: dict[str, str] | None, allowed: frozenset[str]
         return Denial(403, "forbidden", f"the caller has no app role {wanted}")
     return None
 
+
+
+def loopback_host(host: str) -> bool:
+    """Whether a ``Host`` header names this machine's loopback: ``localhost``, an address
+    of 127.0.0.0/8 or ``::1``, with or without a port."""
+    name = host.strip().lower()
+    if name.startswith("["):  # [::1]:7071
+        name = name[1:].split("]", 1)[0]
+    elif name.count(":") == 1:  # 127.0.0.1:7071, localhost:7071
+        name = name.split(":", 1)[0]
+    if name in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False

@@ -81,3 +81,28 @@ def test_none_lets_every_call_through_and_disabled_refuses_every_call():
     for headers in ({}, caller(OPERATOR_ROLE)):
         denial = check(ApiAuth.DISABLED, headers, READ_ROLES)
         assert (denial.status, denial.error) == (403, "forbidden") and "API_AUTH" in denial.reason
+
+
+def test_easyauth_trusts_no_header_while_app_service_says_its_authentication_is_off():
+    """With Easy Auth off nothing strips a header a client forged: where App Service says so
+    (WEBSITE_AUTH_ENABLED), no call goes through whatever its header claims."""
+    forged = caller(OPERATOR_ROLE)
+    assert check(ApiAuth.EASYAUTH, forged, OPERATE_ROLES, platform_auth="True") is None
+    assert check(ApiAuth.EASYAUTH, forged, OPERATE_ROLES, platform_auth="true") is None
+    assert check(ApiAuth.EASYAUTH, forged, OPERATE_ROLES, platform_auth=None) is None  # not said: the setting rules
+    for off in ("False", "false", ""):
+        denial = check(ApiAuth.EASYAUTH, forged, READ_ROLES, platform_auth=off)
+        assert (denial.status, denial.error) == (403, "forbidden") and "Authentication is off" in denial.reason
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:7071", "localhost:7071", "LOCALHOST", "[::1]:7071", "127.0.0.2", "::1"])
+def test_none_answers_a_loopback_host(host):
+    assert check(ApiAuth.NONE, {"host": host}, OPERATE_ROLES) is None
+
+
+@pytest.mark.parametrize("host", ["rebind.attacker.example:7071", "10.0.0.5:7071", "127.0.0.1.evil.example", "[::2]:7071"])
+def test_none_refuses_a_host_that_is_not_loopback_dns_rebinding(host):
+    """A page of another site whose name was made to resolve to 127.0.0.1 calls the local
+    stack with its own name as Host (and as Origin): refused."""
+    denial = check(ApiAuth.NONE, {"host": host, "origin": f"http://{host}"}, READ_ROLES)
+    assert (denial.status, denial.error) == (403, "forbidden") and "loopback" in denial.reason
