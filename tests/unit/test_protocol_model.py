@@ -18,6 +18,11 @@ After every event it checks the invariants (docs/workflows.md, "How the protocol
 checked"); once the faults stop it runs the clock forward, delivering everything, and
 checks that every order ends within ``core.liveness.order_bound``.
 
+Each run draws the step timeout T and the pending timeout P once (``TIMEOUTS``: T = P, T
+under P, T over P), and the scheduler, the supervisor and the bound all run on them: some
+deadlines are written as T from now, others as P, or T + P, and only T != P tells them
+apart. The scripted tests run on T = P = 30 s (``DEFAULTS``, ``PENDING``).
+
 A failure prints the shrunk sequence of events (each rule's call, and a ``note`` saying
 what it did). ``PROTOCOL_MODEL_EXAMPLES=2000`` runs it longer (and
 ``PROTOCOL_MODEL_STEPS`` sets the events per run).
@@ -87,8 +92,8 @@ WORKFLOWS = (WORKFLOW, APPROVAL_WORKFLOW)
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 DEFAULTS = StepPolicy(
     timeout_seconds=30, max_failures=2, agent_max_calls=2, agent_backoff_initial=0.1, agent_backoff_max=1,
-    # APPROVAL_TIMEOUT_SECONDS shorter than the step timeout: the sweep then reads orders
-    # indexed 20 s ago (SupervisorPolicy.shortest_timeout, as supervision.policy_from sets it).
+    # APPROVAL_TIMEOUT_SECONDS shorter than the step timeout (at T = 30 s): the sweep then reads
+    # orders indexed 20 s ago (SupervisorPolicy.shortest_timeout, as supervision.policy_from sets it).
     wait_timeout_seconds=20,
 )
 PENDING = timedelta(seconds=30)
@@ -106,6 +111,10 @@ POLICY = SupervisorPolicy(
     response_grace=TIMING.response_grace, send_slack=timedelta(seconds=3),
     shortest_timeout=timedelta(seconds=shortest_timeout(DEFAULTS)),
 )
+#: (T, P) in seconds, one pair drawn per run: T = P first (a failure shrinks to it if it
+#: shows there too), then a step timeout under, over, and a pending timeout under it.
+TIMEOUTS = ((30, 30), (5, 30), (60, 30), (10, 5))
+
 SCHEDULERS = ("scheduler-1", "scheduler-2")
 #: How long a scheduler trusts what it wrote (the app: the pending timeout). Longer here, so
 #: entries live past the deadlines, resets and other instances' claims that make them stale;
@@ -323,9 +332,9 @@ class ModelRemote:
     def _breaker(self, request: AgentRequest) -> None:
         if self.model.breaker_open.get(request.remote):
             # As agents.breaker: the rest of the open time, plus the jitter (at its largest).
-            opened = self.model.breaker_open[request.remote]
-            left = max((opened + TIMING.breaker_open - self.model.now).total_seconds(), 1.0)
-            raise BreakerOpen(request.remote, left + TIMING.breaker_jitter * TIMING.breaker_open.total_seconds())
+            opened, timing = self.model.breaker_open[request.remote], self.model.timing
+            left = max((opened + timing.breaker_open - self.model.now).total_seconds(), 1.0)
+            raise BreakerOpen(request.remote, left + timing.breaker_jitter * timing.breaker_open.total_seconds())
 
     async def lookup(self, request: AgentRequest, *, now) -> dict | None:
         self._breaker(request)
@@ -394,6 +403,9 @@ class ProtocolModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.now = T0
+        #: This run's step policy, pending timeout, bound's timing and supervisor policy
+        #: (T = P = 30 s unless ``first_order`` draws other timeouts).
+        self.defaults, self.pending, self.timing, self.policy = DEFAULTS, PENDING, TIMING, POLICY
         self.fuse = Fuse()
         self.memory = MemoryTable()
         self.table = FusedTable(self.memory, self.fuse, self.state_written)
@@ -404,10 +416,10 @@ class ProtocolModel(RuleBasedStateMachine):
         self.nudger = ModelNudger(self)
         self.schedulers = {
             name: dispatch.Scheduler(
-                store=self.store, publisher=self.publisher, instance=name, defaults=DEFAULTS,
+                store=self.store, publisher=self.publisher, instance=name, defaults=self.defaults,
                 requests_queues={remote: f"{remote}-requests" for remote in remotes()},
                 responses_queue="agent-responses", alerts_queue=ALERTS, nudger=self.nudger,
-                pending_timeout=PENDING, max_postponements=MAX_POSTPONEMENTS, cache=OrderCache(max_age=CACHE_AGE),
+                pending_timeout=self.pending, max_postponements=MAX_POSTPONEMENTS, cache=OrderCache(max_age=CACHE_AGE),
             )
             for name in SCHEDULERS
         }
@@ -580,20 +592,38 @@ class ProtocolModel(RuleBasedStateMachine):
     def state(self, order_id: str) -> OrderState:
         return self.store.get(order_id)
 
+    def use_timeouts(self, step_seconds: float, pending_seconds: float) -> None:
+        """The step timeout T and the pending timeout P, for the schedulers, the supervisors
+        and the bound (as adapters.settings and supervision.policy_from derive them)."""
+        self.defaults = replace(DEFAULTS, timeout_seconds=step_seconds)
+        self.pending = timedelta(seconds=pending_seconds)
+        self.timing = replace(TIMING, pending_timeout=self.pending)
+        self.policy = replace(
+            POLICY, step_timeout=timedelta(seconds=step_seconds), pending_timeout=self.pending,
+            shortest_timeout=timedelta(seconds=shortest_timeout(self.defaults)),
+        )
+        self.schedulers = {
+            name: replace(scheduler, defaults=self.defaults, pending_timeout=self.pending)
+            for name, scheduler in self.schedulers.items()
+        }
+        self.say(f"T = {step_seconds} s, P = {pending_seconds} s")
+
     # -- events ---------------------------------------------------------------------------
 
     @initialize(
         target=orders, outage=st.sampled_from((0, 0, 45, 200)), remote=st.sampled_from(remotes()),
         max_postponements=st.sampled_from((MAX_POSTPONEMENTS, 1)), definition=st.sampled_from(WORKFLOWS),
-        person=st.sampled_from(("approves", "rejects", "never answers")),
+        person=st.sampled_from(("approves", "rejects", "never answers")), t_and_p=st.sampled_from(TIMEOUTS),
     )
-    def first_order(self, outage, remote, max_postponements, definition, person):
+    def first_order(self, outage, remote, max_postponements, definition, person, t_and_p):
         """The first order; whether, once the faults stop, ``remote`` stays down for
         everyone ``outage`` seconds more (its breakers open: its lines are postponed);
         and the postponements in a row that count as one failure (MAX_POSTPONEMENTS);
-        what the person who approves orders does once the faults stop (``person``)."""
+        what the person who approves orders does once the faults stop (``person``); the
+        run's step timeout T and pending timeout P (``t_and_p``, seconds)."""
         self.person = person
         self.outage, self.outage_remote = timedelta(seconds=outage), remote
+        self.use_timeouts(*t_and_p)
         self.schedulers = {
             name: replace(scheduler, max_postponements=max_postponements) for name, scheduler in self.schedulers.items()
         }
@@ -628,7 +658,7 @@ class ProtocolModel(RuleBasedStateMachine):
             result = submission.submit(
                 body, message_id=message.body["order_id"], reply_to=None, content_type="application/json",
                 store=self.store, rejections=self.rejections, publisher=self.publisher, workflow=WORKFLOW,
-                now=self.now, pending_timeout=PENDING, cache=self.schedulers[instance].cache,
+                now=self.now, pending_timeout=self.pending, cache=self.schedulers[instance].cache,
             )
             if result.nudge is not None:
                 self.nudger.nudge(result.nudge)
@@ -802,7 +832,7 @@ class ProtocolModel(RuleBasedStateMachine):
 
     def _sweep(self, store: StateStore, now: datetime):
         return supervision.sweep(
-            store=store, publisher=self.publisher, nudger=self.nudger, policy=POLICY, now=now, alerts_queue=ALERTS,
+            store=store, publisher=self.publisher, nudger=self.nudger, policy=self.policy, now=now, alerts_queue=ALERTS,
             responses_since=self.responses_since,
         )
 
@@ -848,7 +878,7 @@ class ProtocolModel(RuleBasedStateMachine):
         crashed, _ = self.run(
             "resubmit",
             lambda: supervision.resubmit(
-                order_id, store=self.store, nudger=self.nudger, now=self.now, pending_timeout=PENDING
+                order_id, store=self.store, nudger=self.nudger, now=self.now, pending_timeout=self.pending
             ),
             crash_after,
         )
@@ -1044,14 +1074,15 @@ class ProtocolModel(RuleBasedStateMachine):
             self.breaker_open[self.outage_remote] = start
         outage = {"outage": self.outage, "outage_remote": self.outage_remote}
         bounds = {
-            o: liveness.order_bound(self.workflow_of(o), DEFAULTS, TIMING, **outage)
+            o: liveness.order_bound(self.workflow_of(o), self.defaults, self.timing, **outage)
             for o in self.order_ids if "state" not in self.rows(o)  # not written yet: from its first line
         }
         for state in self.written():
             if state.process_state.terminal:
                 continue
             bound = liveness.order_bound(
-                self.workflow_of(state.order_id), DEFAULTS, TIMING, step_index=state.step_index, kind=state.kind, **outage
+                self.workflow_of(state.order_id), self.defaults, self.timing, step_index=state.step_index,
+                kind=state.kind, **outage,
             )
             pending = state.process_state is ProcessState.PENDING
             postponed = pending and self.postponed.get(state.order_id) == state.attempt
@@ -1060,10 +1091,11 @@ class ProtocolModel(RuleBasedStateMachine):
                 for m in self.net.messages
             )
             if postponed or pending_postponement:
-                bound += liveness.postponement_wait(TIMING)  # one wait already under way
+                bound += liveness.postponement_wait(self.timing)  # one wait already under way
             bounds[state.order_id] = bound
         ended: dict[str, datetime] = {}
-        limit = start + max([*bounds.values(), timedelta(0)]) + POLICY.step_timeout + 3 * TIMING.supervisor_interval
+        interval = self.timing.supervisor_interval
+        limit = start + max([*bounds.values(), timedelta(0)]) + self.policy.step_timeout + 3 * interval
         self.say(
             f"{self.now:%H:%M:%S} faults stop ({self.outage_remote} down {self.outage.total_seconds():.0f} s more); "
             f"bounds {({o: b.total_seconds() for o, b in bounds.items()})}"
@@ -1086,8 +1118,8 @@ class ProtocolModel(RuleBasedStateMachine):
             # The supervisor ticks every interval; ticks before the next thing due find
             # nothing to do, so the clock goes straight to the first tick after it.
             due = self.next_due(start + self.outage)
-            ticks = max(1, math.ceil((due - self.now) / TIMING.supervisor_interval))
-            self.now += ticks * TIMING.supervisor_interval
+            ticks = max(1, math.ceil((due - self.now) / interval))
+            self.now += ticks * interval
             self._sweep(self.store, self.now)
         for order_id, bound in bounds.items():
             took = ended[order_id] - start
@@ -1097,6 +1129,7 @@ class ProtocolModel(RuleBasedStateMachine):
             WORST["ratio"] = max(WORST["ratio"], took / bound)
         self.check_outcomes()
         STATS["runs"] += 1
+        STATS[f"T {self.policy.step_timeout.total_seconds():.0f} P {self.pending.total_seconds():.0f}"] += 1
         STATS.update(self.counts)
         for state in self.written():
             STATS[state.process_state.value] += 1
@@ -1111,7 +1144,8 @@ class ProtocolModel(RuleBasedStateMachine):
         for state in self.written():
             if not state.process_state.terminal and state.complete_by <= self.now:
                 return self.now
-            times.append(state.updated_at + POLICY.step_timeout if state.process_state.terminal else state.complete_by)
+            terminal = state.process_state.terminal
+            times.append(state.updated_at + self.policy.step_timeout if terminal else state.complete_by)
         if outage_end > self.now:
             times.append(outage_end)
         return min([t for t in times if t > self.now], default=self.now)
@@ -1268,7 +1302,8 @@ def test_the_protocol_keeps_its_invariants_and_ends_every_order_within_the_bound
         f"events accepted {STATS['events accepted']}, duplicate {STATS['events duplicate']}, "
         f"not waiting {STATS['events not_waiting']}; responses recorded on the instance's cache "
         f"{STATS['recorded without a read']}, on a read {STATS['recorded on a read']}; "
-        f"slowest order after the faults stopped: {WORST['ratio']:.0%} of its bound"
+        f"slowest order after the faults stopped: {WORST['ratio']:.0%} of its bound; runs by T and P (s): "
+        + ", ".join(f"{t}/{p} {STATS[f'T {t} P {p}']}" for t, p in TIMEOUTS)
     )
     assert STATS["runs"] > 0
 
@@ -1282,8 +1317,10 @@ def test_the_protocol_keeps_its_invariants_and_ends_every_order_within_the_bound
 
 
 @contextmanager
-def scripted():
+def scripted(t_and_p: tuple[float, float] | None = None):
     m = ProtocolModel()
+    if t_and_p is not None:
+        m.use_timeouts(*t_and_p)
     logging.disable(logging.ERROR)
     try:
         yield m
@@ -1376,27 +1413,50 @@ def test_an_undo_given_up_while_postponed_lets_no_earlier_undo_run_before_it_can
         undo_first_then_everything(m, "reserve")
 
 
+def charge_postponed_then_cancelled(m) -> None:
+    """reserve done; charge postponed (its remote down for everyone), its request to be
+    delivered again (at least once); the breaker closed again; then the order cancelled."""
+    m.new_order()
+    m.submit(pick=0, crash_after=0)
+    m.schedule(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # reserve claimed
+    answer(m)  # reserve done, charge claimed
+    m.breaker(remote="payments", is_open=True)
+    m.remote_answers(pick=0, again=True, crash_after=0)  # postponed; the request is delivered again later
+    m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
+    m.breaker(remote="payments", is_open=False)
+    m.cancel(order_id="o-1", crash_after=0)
+
+
 def test_a_line_cancelled_while_postponed_is_not_undone_while_its_request_may_still_run():
     """Charge is postponed (its remote down for everyone), its request to be delivered
     again (at least once); then the order is cancelled. The undo of charge must wait until
     that request can no longer act, or the charge lands after its refund (applied and
     never undone, in a Compensated order); and no forward step starts after the cancel."""
     with scripted() as m:
-        m.new_order()
-        m.submit(pick=0, crash_after=0)
-        m.schedule(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)  # reserve claimed
-        answer(m)  # reserve done, charge claimed
-        m.breaker(remote="payments", is_open=True)
-        m.remote_answers(pick=0, again=True, crash_after=0)  # postponed; the request is delivered again later
-        m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
-        m.breaker(remote="payments", is_open=False)
-        m.cancel(order_id="o-1", crash_after=0)
+        charge_postponed_then_cancelled(m)
         while m.net.visible(Channel.NUDGE):
             m.schedule(pick=0, instance=SCHEDULERS[1], again=False, crash_after=0)
         assert not [r for r in m.net.visible(Channel.REQUEST) if r.body.kind is Kind.COMPENSATION]
         undo_first_then_everything(m, "charge")
         state = m.state("o-1")
         assert state.process_state is ProcessState.COMPENSATED and "cancelled by model" in state.cause
+
+
+@pytest.mark.parametrize("t_and_p", TIMEOUTS, ids=[f"T {t} s, P {p} s" for t, p in TIMEOUTS])
+def test_a_cancel_nudge_delivered_twice_does_not_undo_a_postponed_line_while_its_request_may_still_run(t_and_p):
+    """As above, and the cancel's nudge is delivered twice (at least once delivery): the
+    first hands the postponed line back after T, the second must not start its undo
+    early. Found with T under P (the line's CompleteBy was now + 2T, due at 2T - P: at
+    once), where the redelivered charge then lands after its refund; T = P hides it."""
+    with scripted(t_and_p) as m:
+        charge_postponed_then_cancelled(m)
+        cancel_nudge = index_of(m, Channel.NUDGE, order_id="o-1")
+        m.schedule(pick=cancel_nudge, instance=SCHEDULERS[1], again=True, crash_after=0)  # handed back after T
+        while m.net.visible(Channel.NUDGE):  # the cancel's nudge again: nothing is due yet
+            m.schedule(pick=0, instance=SCHEDULERS[1], again=False, crash_after=0)
+        assert not [r for r in m.net.visible(Channel.REQUEST) if r.body.kind is Kind.COMPENSATION]
+        undo_first_then_everything(m, "charge")
+        assert m.state("o-1").process_state is ProcessState.COMPENSATED
 
 
 def test_a_cancel_during_an_undo_changes_nothing_of_it():
