@@ -239,7 +239,10 @@ def host_options(document: Mapping[str, Any], environ: Mapping[str, str] | None 
         max_polling_interval=max(max_polling, timedelta(milliseconds=100)),
         visibility_timeout=_span(_get(queues, "visibilityTimeout", "00:00:00"), "extensions.queues.visibilityTimeout"),
         batch_size=batch_size,
-        new_batch_threshold=_int(_get(queues, "newBatchThreshold", batch_size // 2), "newBatchThreshold"),
+        # Azure's default: batchSize / 2 per vCPU (host.json reference, "queues").
+        new_batch_threshold=_int(
+            _get(queues, "newBatchThreshold", batch_size // 2 * (os.cpu_count() or 1)), "newBatchThreshold"
+        ),
         max_dequeue_count=max(1, _int(_get(queues, "maxDequeueCount", 5), "extensions.queues.maxDequeueCount")),
         message_encoding=encoding,
         lease=lease,

@@ -1,9 +1,13 @@
 """Timer trigger: NCRONTAB with seconds (or a TimeSpan), ``run_on_startup``, ``past_due``.
 
 The function runs at each occurrence of its schedule (UTC). Runs of one timer never
-overlap: the next occurrence is computed after a run ends, so occurrences missed
-during a long run are skipped. ``past_due`` is true when the run starts so late that
-a later occurrence has already passed too (the host was suspended or overloaded).
+overlap. As Azure's ``TimerListener`` (azure-webjobs-sdk-extensions,
+``Extensions/Timers/Listener/TimerListener.cs``), the next occurrence is reckoned from
+when a run started (or from the occurrence it ran for, if it started early): when a run
+outlasts the interval, the occurrence it overran fires as soon as it ends, once, and
+the ones after it are skipped. ``past_due`` is false for every scheduled run, as there:
+Azure sets it only for the start-up run its schedule monitor makes up for a missed
+occurrence, which is not emulated (below).
 
 Not emulated: the schedule monitor that, in Azure, persists the last occurrence in
 storage and runs a missed one after a restart; and the singleton lock that keeps a
@@ -71,10 +75,9 @@ class TimerTriggerListener(Listener):
                 self._signal.wait(delay)
                 self._signal.clear()
                 continue
-            now = _now()
-            past_due = self.schedule.next_after(due) <= now
-            self._fire(due, past_due=past_due)
-            due = self.schedule.next_after(max(_now(), due))
+            started = _now()
+            self._fire(due, past_due=False)
+            due = self.schedule.next_after(max(started, due))
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _fire(self, scheduled: datetime, *, past_due: bool) -> None:

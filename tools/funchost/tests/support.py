@@ -18,7 +18,7 @@ from azure.storage.queue import QueueClient
 T = TypeVar("T")
 
 APP_DIR = Path(__file__).resolve().parent / "app"
-FUNCTIONS = ("sb_record", "queue_record", "queue_sync", "tick", "tick_on_startup")
+FUNCTIONS = ("sb_record", "queue_record", "queue_sync", "tick", "tick_on_startup", "slow_tick")
 
 
 def eventually(

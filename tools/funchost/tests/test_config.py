@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from datetime import timedelta
 
 import pytest
@@ -54,7 +55,7 @@ def test_percent_settings_resolve_and_a_missing_one_is_named():
 def test_host_json_defaults_when_absent(tmp_path):
     options = host_options(read_host_json(tmp_path / "host.json", {}))
     assert options.queues.batch_size == 16
-    assert options.queues.new_batch_threshold == 8
+    assert options.queues.new_batch_threshold == 8 * (os.cpu_count() or 1)  # Azure's batchSize / 2 per vCPU
     assert options.queues.max_dequeue_count == 5
     assert options.queues.visibility_timeout == timedelta(0)
     assert options.queues.max_polling_interval == timedelta(minutes=1)
