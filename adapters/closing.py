@@ -77,7 +77,7 @@ def _close(
         )
         # The alert must not be lost: a failed send raises, the index row stays,
         # and the supervisor closes the order again.
-        publisher.send_alert(alert, queue=alerts_queue, attempt=state.attempt)
+        publisher.send_alert(alert, queue=alerts_queue, attempt=state.attempt, ended=state.updated_at)
     publisher.send_status(
         StatusEvent(
             order_id=state.order_id, status=_STATUS[state.process_state], time=now, detail=state.last_error,

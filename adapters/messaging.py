@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -119,6 +120,9 @@ class Publisher:
         ttl = request.complete_by - now
         if ttl <= timedelta(0):
             return False
+        # Whole seconds on the wire (below): rounded up, never to 0, which the broker would
+        # take for no time-to-live at all (the agent still never acts past complete-by).
+        ttl = timedelta(seconds=math.ceil(ttl.total_seconds()))
         message = _message(
             request,
             message_id=agent_request_id(request.order_id, request.step, request.attempt),
@@ -133,11 +137,14 @@ class Publisher:
     def send_agent_response(self, response: AgentResponse, *, queue: str) -> None:
         self._send(queue, _response_message(response), "agent_response")
 
-    def send_alert(self, alert: Alert, *, queue: str, attempt: int) -> None:
-        """Alerts have a stable message id per failed attempt, so a repeated alert (after a
-        crash between the Error write and the send) is dropped by duplicate detection."""
+    def send_alert(self, alert: Alert, *, queue: str, attempt: int, ended: datetime | None = None) -> None:
+        """Alerts have a stable message id per Error (its attempt, and when it ended: an undo
+        resubmitted may fail again at the same attempt), so a repeated alert of one Error
+        (after a crash between the Error write and the send) is dropped by duplicate
+        detection, and a new Error's is not."""
+        key = f"{attempt}" if ended is None else f"{attempt}:{int(ended.timestamp() * 1000):x}"
         message = _message(
-            alert, message_id=f"{alert.order_id}:alert:{attempt}", correlation_id=alert.order_id, subject="order-failed"
+            alert, message_id=f"{alert.order_id}:alert:{key}", correlation_id=alert.order_id, subject="order-failed"
         )
         self._send(queue, message, "alert")
 

@@ -71,15 +71,17 @@ _publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="breaker-publi
 
 
 def _breaker_changed(remote: str, state: BreakerState) -> None:
-    """Count the change, and publish it for ``ordersctl breakers`` (one table write, off
-    the event loop, in order; a failed write is logged, the breaker goes on regardless)."""
+    """Count the change, and publish it for ``ordersctl breakers`` (one table write, in
+    order, off the event loop and outside the breaker's lock: the services, which an
+    instance that runs only agents builds here first, and their storage calls with it; a
+    failure is logged, the breaker and the call that changed it go on regardless)."""
     telemetry.breaker_changed(remote, state)
-    s = services()
-    store, instance, at = s.store, s.instance, utcnow()
+    at = utcnow()
 
     def publish() -> None:
         try:
-            store.publish_breaker(remote, instance, state.value, at)
+            s = services()
+            s.store.publish_breaker(remote, s.instance, state.value, at)
         except Exception:  # noqa: BLE001 - publishing is for operators; the agent goes on
             log.warning("could not publish the %s breaker's state %s", remote, state.value, exc_info=True)
 

@@ -253,3 +253,26 @@ def test_a_call_confirmed_after_a_wait_goes_only_on_a_closed_breaker_or_as_the_h
     b.confirm("t")
     with pytest.raises(BreakerOpen):
         b.confirm("w")  # not the trial
+
+
+def test_a_breaker_change_is_published_off_the_callers_thread_and_a_storage_failure_reaches_no_call(monkeypatch):
+    """The agent's breaker reports its change while it holds its lock, on the event loop:
+    the services (built there first on an instance that runs only agents, with storage
+    calls) are reached on the publishing thread, and a failure there stays there."""
+    import threading
+
+    from azure.core.exceptions import ServiceRequestError
+
+    from agents import blueprint
+
+    callers, done = [], threading.Event()
+
+    def unreachable():
+        callers.append(threading.current_thread().name)
+        done.set()
+        raise ServiceRequestError("storage unreachable")
+
+    monkeypatch.setattr(blueprint, "services", unreachable)
+    blueprint._breaker_changed("payments", BreakerState.OPEN)  # nothing raised here
+    assert done.wait(10)
+    assert callers and callers[0].startswith("breaker-publish")

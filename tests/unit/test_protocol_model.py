@@ -279,7 +279,7 @@ class ModelPublisher:
         self.model.fuse_effect()
         return True
 
-    def send_alert(self, alert, *, queue: str, attempt: int) -> None:
+    def send_alert(self, alert, *, queue: str, attempt: int, ended=None) -> None:
         self.alerts.append(alert)
         self.model.fuse_effect()
 

@@ -65,7 +65,7 @@ class Publisher:
         self.statuses.append(event)
         return True
 
-    def send_alert(self, alert, *, queue, attempt):
+    def send_alert(self, alert, *, queue, attempt, ended=None):
         self.alerts.append(alert)
 
 
