@@ -170,10 +170,10 @@ def _submit(
         return reject(f"malformed order: {error}")
 
     note = None
-    if reply_to and not _queue_name(reply_to):
+    if reply_to and _own(reply_to):  # first: "alerts/" is no queue name as written, but the broker's alerts
+        note = f"ReplyTo {_shown(reply_to)!r} ignored: it names one of the app's own queues; no status events are sent"
+    elif reply_to and not _queue_name(reply_to):
         note = f"ReplyTo {_shown(reply_to)!r} ignored: not a valid queue name; no status events are sent"
-    elif reply_to and _own(reply_to):
-        note = f"ReplyTo {reply_to!r} ignored: it names one of the app's own queues; no status events are sent"
     if note:
         log.warning("order %s: %s", order.order_id, note)
         reply_to = None

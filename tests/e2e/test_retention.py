@@ -56,7 +56,9 @@ def test_retention_archives_finished_orders_once_across_a_crash_and_reads_them_b
     wait_until(lambda: all(stack.state(order_id) is None for order_id in ids), timeout=60,
                what="retention to delete the finished orders")
     # It recognised the crashed tick's batch as archived (its block committed) and only deleted it.
-    ticks = re.findall(r"retention tick: (\{.*\})", cleaner.log_text())
+    # (The tick logs what it did once it is done: after the deletes this test waited for.)
+    ticks = wait_until(lambda: re.findall(r"retention tick: (\{.*\})", cleaner.log_text()), timeout=30,
+                       what="the retention tick's log line")
     assert sum(ast.literal_eval(t).get("already_archived", 0) for t in ticks) == len(first), ticks
     lines = [doc for day in set(days.values()) for doc in archived(day)]
     assert sorted(doc["order_id"] for doc in lines) == ids
