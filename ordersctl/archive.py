@@ -17,17 +17,24 @@ class NotArchived(LookupError):
     """No archive for that day, or the order is not in it."""
 
 
-def show(archive: Archive, day: str, *, order: str | None = None, full: bool = False) -> str:
-    """The JSON ``ordersctl archive show`` prints: ``{"day", "orders": [...], "count"}`` (a
-    summary of each order, or with ``full`` its whole document), or with ``order`` that
-    order's document as ``GET /api/orders/{id}`` showed it. Raises ValueError for a bad day
-    or order id, :class:`NotArchived` when there is nothing to show."""
+def checked(day: str, order: str | None = None) -> str:
+    """The day, checked with the order id if any, before anything is read: ValueError for
+    a day that is not ``YYYY-MM-DD`` or an id that is not an order id."""
     day = parse_day(day)
     if order is not None:
         try:
             TypeAdapter(OrderId).validate_python(order)
         except ValidationError:
             raise ValueError(f"{order!r} is not an order id") from None
+    return day
+
+
+def show(archive: Archive, day: str, *, order: str | None = None, full: bool = False) -> str:
+    """The JSON ``ordersctl archive show`` prints: ``{"day", "orders": [...], "count"}`` (a
+    summary of each order, or with ``full`` its whole document), or with ``order`` that
+    order's document as ``GET /api/orders/{id}`` showed it. Raises ValueError for a bad day
+    or order id, :class:`NotArchived` when there is nothing to show."""
+    day = checked(day, order)
     if not archive.has_day(day):
         raise NotArchived(f"no archive for {day}")
     if order is not None:

@@ -1,28 +1,38 @@
-"""Commands: send-order, watch-status, status, list, errors, alerts, dead-letters, rejections, resubmit, cancel,
-backfill-customers, stamp, approve, reject, archive show.
+"""Commands: send-order, watch-status, status, list, breakers, alerts, dead-letters, rejections, errors,
+backfill-customers, resubmit, stamp, approve, reject, cancel, archive show.
 
-Exit codes: 0 success, 1 a clear failure (not found, refused, invalid), 2 usage.
+Exit codes: 0 success, 1 a clear failure (not found, refused, invalid, unreachable: one
+``error: ...`` line on stderr), 2 usage.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import traceback
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from adapters.settings import Settings
 from core import names
-from core.models import Alert, OrderRequest, ProcessState, explain, utcnow
+from core.models import Alert, Money, OrderRequest, ProcessState, explain, utcnow
 from core.progress import status_document
+from core.retention import BadDay, parse_day
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help=__doc__.split("\n")[0])
+#: The summary ``ordersctl --help`` shows above its list of commands.
+HELP = ("The order app's command line for operators and clients: send orders and approval events, follow and "
+        "show orders, list, resubmit and cancel them, read alerts, dead letters, rejections, circuit breakers "
+        "and the archive. Exit codes: 0 success, 1 a clear failure, 2 usage.")
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help=HELP)
 out = Console()
 err = Console(stderr=True)
 
@@ -37,8 +47,15 @@ Stamps = Annotated[
 ]
 
 
+def say_error(message: str) -> None:
+    """One ``error: ...`` line on stderr: never wrapped, never read as markup (an order id
+    or a service's message may hold ``[...]``)."""
+    line = " ".join(str(message).split())
+    err.print(Text.assemble(("error:", "red"), " ", line), soft_wrap=True, highlight=False)
+
+
 def fail(message: str) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}")
+    say_error(message)
     return typer.Exit(code=1)
 
 
@@ -50,16 +67,41 @@ def load_settings(path: Path | None) -> Settings:
     environment names no connection at all: connections exported for Azure (for
     example ``AzureWebJobsStorage__accountName``) are never mixed with the local stack's.
     """
+    given = path is not None
     if path is None and Path("local.settings.json").exists() and not _connection_in_environment():
         path = Path("local.settings.json")
     if path is not None:
-        values = json.loads(path.read_text(encoding="utf-8")).get("Values", {})
+        try:
+            values = _settings_values(path)
+        except ValueError as error:
+            if given:  # what the operator typed: a usage error
+                raise typer.BadParameter(str(error), param_hint="'--settings'") from None
+            raise fail(str(error)) from None
         for key, value in values.items():
             os.environ.setdefault(key, str(value))
     try:
         return Settings()
     except ValidationError as error:
         raise fail(f"settings: {explain(error)}") from error
+
+
+def _settings_values(path: Path) -> dict:
+    """The ``Values`` of a settings file; ValueError naming the file and what is wrong."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ValueError(f"cannot read settings file {str(path)!r}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"settings file {str(path)!r} is not UTF-8 text") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"settings file {str(path)!r} is not JSON: {error}") from None
+    values = document.get("Values", {}) if isinstance(document, dict) else None
+    if not isinstance(values, dict):
+        raise ValueError(f"settings file {str(path)!r} is not a local.settings.json: "
+                         'expected {"Values": {"NAME": "value", ...}}')
+    return values
 
 
 def _connection_in_environment() -> bool:
@@ -77,9 +119,13 @@ class Context:
     @property
     def services(self):
         if self._services is None:
+            from adapters.accounts import AccountLayoutChanged
             from adapters.wiring import Services
 
-            self._services = Services.from_settings(self.settings)
+            try:
+                self._services = Services.from_settings(self.settings)
+            except AccountLayoutChanged as error:
+                raise fail(str(error)) from None
         return self._services
 
     def servicebus(self):
@@ -93,11 +139,15 @@ def _context(settings: Path | None) -> Context:
 
 
 def _parse_item(text: str) -> dict:
+    """``SKU:QUANTITY:UNIT_PRICE``, the price as the order's money (digits, at most two
+    decimals); a usage error naming the item otherwise, before anything is connected."""
     try:
         sku, quantity, price = text.split(":")
+        TypeAdapter(Money).validate_python(price)
         return {"sku": sku, "quantity": int(quantity), "unit_price": price}
-    except ValueError as error:
-        raise typer.BadParameter(f"{text!r}: expected SKU:QUANTITY:UNIT_PRICE, e.g. sku-1:2:12.50") from error
+    except ValueError as error:  # a pydantic ValidationError is a ValueError too
+        raise typer.BadParameter(f"{text!r}: expected SKU:QUANTITY:UNIT_PRICE with a price such as 12.50, "
+                                 "e.g. sku-1:2:12.50", param_hint="'--item'") from None
 
 
 @app.command("send-order")
@@ -120,7 +170,11 @@ def send_order(
     MessageId = the order id + ':' + the first 16 hex digits of the body's SHA-256.
     With --stamps (or ORDERS_STAMPS), an order whose stamp the settings do not reach is refused."""
     if file is not None:
-        body = file.read_bytes()
+        try:
+            body = file.read_bytes()
+        except OSError as error:
+            raise typer.BadParameter(f"cannot read {str(file)!r}: {error.strerror or error}",
+                                     param_hint="'--file'") from None
     else:
         if not (order_id and customer and item):
             raise typer.BadParameter("give --file, or --order-id, --customer and at least one --item")
@@ -165,15 +219,37 @@ def watch_status(
     seen = 0
     with ctx.servicebus() as client, client.get_queue_receiver(queue, max_wait_time=timeout) as receiver:
         for message in receiver:
-            event = json.loads(str(message))
+            event = _status_event(message)
+            if event is None:
+                # Not a status event (someone else's message on the queue): kept, out of the
+                # way (completing it would lose it, leaving it would show it again and again).
+                receiver.dead_letter_message(message, reason="not a status event",
+                                             error_description="ordersctl watch-status could not read it")
+                err.print(f"skipped message {message.message_id!s}: not a status event (a JSON object with "
+                          f"order_id, status and time); moved to the dead-letter queue "
+                          f"(ordersctl dead-letters {queue})", soft_wrap=True, markup=False, highlight=False)
+                continue
             step = f"({event['step']})" if event.get("step") else ""
-            out.print(f"{event['time']}  {event['order_id']}  [bold]{event['status']}[/bold]{step}  {event.get('detail') or ''}")
+            line = Text.assemble(f"{event['time']}  {event['order_id']}  ", (str(event["status"]), "bold"),
+                                 f"{step}  {event.get('detail') or ''}")
+            out.print(line)
             receiver.complete_message(message)
             seen += 1
             if count is not None and seen >= count:
                 break
     if seen == 0:
         err.print(f"no status events on {queue} within {timeout:g}s")
+
+
+def _status_event(message) -> dict | None:
+    """A reply queue's message as a status event (core/models.py StatusEvent), or None."""
+    try:
+        event = json.loads(str(message))
+    except (ValueError, TypeError, RecursionError):  # not JSON, not text
+        return None
+    if not isinstance(event, dict) or not all(isinstance(event.get(k), str) for k in ("order_id", "status", "time")):
+        return None
+    return event
 
 
 def _ago(when) -> str:
@@ -373,6 +449,11 @@ def rejections(
     settings: SettingsFile = None,
 ) -> None:
     """Show order and order-event messages that were refused, with the reason, newest first."""
+    if day is not None:
+        try:  # checked before any connection, as `archive show` checks its day
+            parse_day(day)
+        except BadDay as error:
+            raise fail(str(error)) from error
     ctx = _context(settings)
     rows = ctx.services.rejections.list(day=day, limit=limit)
     table = Table("rejected at", "message id", "reason", "body")
@@ -533,24 +614,85 @@ def archive_show(
 ) -> None:
     """A day's archived orders as JSON ({"day", "orders", "count"}), or with --order ID that
     order's document as the status API showed it; exit 1 when not archived."""
-    from ordersctl.archive import NotArchived, show
+    from ordersctl.archive import NotArchived, checked, show
 
     try:
+        checked(day, order)  # before any connection
         print(show(_context(settings).services.archive(), day, order=order, full=full))
     except (ValueError, NotArchived) as error:
         raise fail(str(error)) from error
 
 
+#: The data role an identity needs for a storage service, by the SDK that was refused
+#: (docs/deploy.md, "What gets created").
+STORAGE_ROLES = {
+    "azure.data.tables": "a Storage Table data role (Storage Table Data Contributor)",
+    "azure.storage.blob": "a Storage Blob data role (Storage Blob Data Contributor on the archive container)",
+    "azure.storage.queue": "a Storage Queue data role (Storage Queue Data Contributor)",
+}
+
+
+def http_refusal(error) -> str:
+    """An Azure service's HTTP error (azure-core's HttpResponseError) as one line: the
+    status, the error code, the service's message and, for a 403 from storage, the data
+    role the signed-in identity needs."""
+    status = getattr(error, "status_code", None)
+    reason = getattr(error, "reason", None)
+    body_code, body_said = _error_body(getattr(error, "response", None))
+    headers = getattr(getattr(error, "response", None), "headers", None) or {}
+    code = getattr(error, "error_code", None) or headers.get("x-ms-error-code") or body_code
+    said = next((line.strip() for line in str(getattr(error, "message", None) or error).splitlines()
+                 if line.strip()), "")
+    if said.startswith("Operation returned an invalid status"):
+        said = body_said  # the SDK's own words say no more than the status: the service's, if any
+    modules = {frame.f_globals.get("__name__", "") for frame, _ in traceback.walk_tb(error.__traceback__)}
+    sdk = next((sdk for sdk in STORAGE_ROLES if any(module.startswith(sdk) for module in modules)), None)
+    text = (f"{'storage' if sdk else 'the service'} answered HTTP {status or '?'}" + (f" {reason}" if reason else "")
+            + (f" ({code})" if code else ""))
+    if said:
+        text += f": {said[:300].rstrip('.')}"
+    if status == 403 and sdk:
+        text += (f". The signed-in identity needs {STORAGE_ROLES[sdk]} on the account (docs/deploy.md, "
+                 "\"What gets created\"; a new role assignment takes a few minutes to apply)")
+    return text
+
+
+def _error_body(response) -> tuple[str | None, str]:
+    """The error code and the first line of the message of an Azure error body: JSON
+    (``{"odata.error": {"code", "message": {"value"}}}`` of Tables, ``{"error": ...}``) or
+    XML (``<Error><Code/><Message/></Error>`` of Blobs and Queues); (None, "") otherwise."""
+    try:
+        text = response.text()
+    except Exception:  # noqa: BLE001 - no body, or not text: nothing more to say
+        return None, ""
+    code, message = None, ""
+    try:
+        document = json.loads(text)
+        inner = (document.get("odata.error") or document.get("error")) if isinstance(document, dict) else None
+        if isinstance(inner, dict):
+            code, message = inner.get("code"), inner.get("message")
+            message = message.get("value") if isinstance(message, dict) else message
+    except ValueError:
+        found = {tag: re.search(rf"<{tag}>(.*?)</{tag}>", text or "", re.S) for tag in ("Code", "Message")}
+        code = found["Code"].group(1) if found["Code"] else None
+        message = found["Message"].group(1) if found["Message"] else ""
+    first = next((line.strip() for line in str(message or "").splitlines() if line.strip()), "")
+    return (str(code) if code else None), first
+
+
 def main() -> None:
-    from azure.core.exceptions import ClientAuthenticationError, ServiceRequestError
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ServiceRequestError
     from azure.servicebus.exceptions import ServiceBusConnectionError, ServiceBusError
 
     try:
         app(prog_name="ordersctl", standalone_mode=True)
     except (ServiceRequestError, ServiceBusConnectionError) as error:
-        err.print(f"[red]error:[/red] cannot reach the service: {error}")
-        err.print("Is the local stack running (`make run`), or are the Azure settings right?")
+        say_error(f"cannot reach the service: {error}")
+        err.print("Is the local stack running (`make run`), or are the Azure settings right?", markup=False)
         raise SystemExit(1) from None
     except (ClientAuthenticationError, ServiceBusError) as error:
-        err.print(f"[red]error:[/red] {type(error).__name__}: {error}")
+        say_error(f"{type(error).__name__}: {error}")
+        raise SystemExit(1) from None
+    except HttpResponseError as error:  # after ClientAuthenticationError, one of its kind
+        say_error(http_refusal(error))
         raise SystemExit(1) from None

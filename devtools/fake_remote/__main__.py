@@ -34,6 +34,17 @@ def _json_object(text: str) -> dict:
     return document
 
 
+def _port(text: str) -> int:
+    """A TCP port, 0..65535 (0: a free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: a whole number 0..65535") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port: 0..65535 (0 for a free one)")
+    return port
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m devtools.fake_remote",
@@ -41,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "{url}/NAME; each action or compensation is POST {url}/NAME/ACTION (docs/fake-remote.md).",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=7081, help="port, 0 for a free one (default: %(default)s)")
+    parser.add_argument("--port", type=_port, default=7081, help="port, 0 for a free one (default: %(default)s)")
     parser.add_argument(
         "--services",
         type=_json_object,
