@@ -40,11 +40,27 @@ def storage_connection_string(value: str) -> str:
     return DEVELOPMENT_STORAGE if value.strip().rstrip(";").lower() == "usedevelopmentstorage=true" else value
 
 
+#: How long a storage request may take to connect, and wait for the next bytes of its
+#: answer (seconds; a socket timeout, not the whole answer's). azure-core's defaults are 300 s
+#: each: a storage account that accepts a connection and never answers (a firewall, a
+#: private endpoint reached from outside) held a function, or ordersctl, for minutes a try.
+#: A Table or Queue operation answers within 30 s on Azure's side (its largest server
+#: timeout: "Setting timeouts for Table service operations", "... for Queue service
+#: operations", learn.microsoft.com/rest/api/storageservices), so 60 s cuts no answer short,
+#: and a blob read that streams is not cut either; the SDK's retries then try again.
+CONNECT_TIMEOUT_SECONDS = 20
+READ_TIMEOUT_SECONDS = 60
+
+
 def transport() -> RequestsTransport:
     """The HTTP transport of a storage client: over this process's one shared session
     (adapters/transport.py: one pool per endpoint, lean per-request path), which the
-    client does not own (closing a client leaves the others' connections open)."""
-    return RequestsTransport(session=shared_session(), session_owner=False, use_env_settings=False)
+    client does not own (closing a client leaves the others' connections open); at most
+    :data:`CONNECT_TIMEOUT_SECONDS` to connect and :data:`READ_TIMEOUT_SECONDS` to answer."""
+    return RequestsTransport(
+        session=shared_session(), session_owner=False, use_env_settings=False,
+        connection_timeout=CONNECT_TIMEOUT_SECONDS, read_timeout=READ_TIMEOUT_SECONDS,
+    )
 
 
 def credential(client_id: str | None, *, aio: bool = False):

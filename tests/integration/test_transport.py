@@ -92,6 +92,36 @@ def test_a_dropped_connection_is_the_error_the_sdk_retries():
         listener.close()
 
 
+def test_a_storage_account_that_never_answers_fails_a_request_within_the_read_timeout(monkeypatch):
+    """A server that takes the request and never answers: the storage clients' transport
+    gives up after READ_TIMEOUT_SECONDS (azure-core's default was 300 s a try), with the
+    error the SDK retries, instead of holding the caller for minutes."""
+    import time
+
+    monkeypatch.setattr(clients, "READ_TIMEOUT_SECONDS", 1)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    held = []
+
+    def hold():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        held.append(conn)  # the request was read; the answer never comes, the connection stays open
+
+    threading.Thread(target=hold, daemon=True).start()
+    request = HttpRequest("GET", f"http://127.0.0.1:{listener.getsockname()[1]}/t")
+    started = time.monotonic()
+    try:
+        with pytest.raises(ServiceResponseError):
+            clients.transport().send(request)  # the transport's own timeouts, as the SDK's clients send
+        assert time.monotonic() - started < 10
+    finally:
+        for conn in held:
+            conn.close()
+        listener.close()
+
+
 def test_the_shared_session_is_closed_on_shutdown_and_made_again_on_use(echo):
     session = transport.shared_session()
     _send(session, echo)
