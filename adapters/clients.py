@@ -154,8 +154,9 @@ def archive_container(settings: Settings):
 
 #: The nudge queue's retries of a 5xx or a dropped connection (docs/scale.md): the storage
 #: SDK's default waits 15 s + 3^n (with 3 s jitter) before each retry, and a nudge that
-#: waits that long holds its order for as long; these wait ~0.2 s + 1.5^n (1.7, 2.5, 3.6,
-#: 5.3 s). A retried send that had been applied leaves a second nudge: harmless, the
+#: waits that long holds its order for as long; these wait ~0.2 s + 1.5^n (1.7, 2.5, 3.6 s;
+#: a fourth, 5.3 s, only when the faults are of two kinds: the SDK retries each kind at most
+#: 3 times). A retried send that had been applied leaves a second nudge: harmless, the
 #: claim is If-Match.
 QUEUE_RETRY = {"initial_backoff": 0.2, "increment_base": 1.5, "retry_total": 4, "random_jitter_range": 0.2}
 

@@ -891,8 +891,10 @@ class StateStore:
         repeat nor shift a page, and a page survives a change of the shard count. Terminal
         states: one query of the state rows (a scan in Azure, for operators); in-flight
         states: the active index, every partition read in pages of ``limit + 1`` ids after
-        the cursor and merged by order id, so a page costs at most ``limit + 1`` index rows
-        per partition and the in-flight orders it reads, never the table."""
+        the cursor and merged by order id, taken in batches of ``limit + 1`` with a point
+        read per index row, until ``limit + 1`` orders are in the state (or the index ends):
+        about ``limit + 1`` rows and reads when most in-flight orders are in that state, more
+        when few are; never the table."""
         found: list[OrderState] = []
         if state.terminal:
             self._op("query")

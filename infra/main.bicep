@@ -152,7 +152,7 @@ param separateStateStorage bool = false
 
 @minValue(1)
 @maxValue(64)
-@description('Storage accounts the order state is spread over (STATE_STORAGE_ACCOUNTS), each order in the one a hash of its id picks; ~2,300 orders/s each (docs/scale.md). 1: one account (the host\'s, or separateStateStorage\'s). Fixed for the deployment\'s life.')
+@description('Storage accounts the order state is spread over (STATE_STORAGE_ACCOUNTS), each order in the one a hash of its id picks; ~1,300 orders/s each at 80% of its request rate (docs/scale.md). 1: one account (the host\'s, or separateStateStorage\'s). Fixed for the deployment\'s life.')
 param stateStorageAccounts int = 1
 
 @minValue(1)

@@ -141,7 +141,7 @@ param separateStateStorage bool = false
 
 @minValue(1)
 @maxValue(64)
-@description('STATE_STORAGE_ACCOUNTS: storage accounts the order state is spread over, each order in the one a hash of its id picks (adapters/accounts.py); ~2,300 orders/s each. 1: one account (the host\'s, or the separate one of separateStateStorage). Above 1: that many accounts of their own (separateStateStorage implied). Fixed for the deployment\'s life: orders live where they were created.')
+@description('STATE_STORAGE_ACCOUNTS: storage accounts the order state is spread over, each order in the one a hash of its id picks (adapters/accounts.py); ~1,300 orders/s each at 80% of its request rate (~12 table requests per order). 1: one account (the host\'s, or the separate one of separateStateStorage). Above 1: that many accounts of their own (separateStateStorage implied). Fixed for the deployment\'s life: orders live where they were created.')
 param stateStorageAccounts int = 1
 
 @minValue(1)
@@ -421,7 +421,7 @@ module storage 'core/storage/storage-account.bicep' = {
   }
 }
 
-// The order state in accounts of its own: ~7 table requests per order no longer share the
+// The order state in accounts of its own: ~12 table requests per order no longer share the
 // host account's request-rate target with the host and the scheduler's queues (~2 queue
 // operations per order), which stay with the host (their triggers' connection is the
 // host's; docs/scale.md says why the capacity model keeps them there). One account
