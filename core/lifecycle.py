@@ -334,9 +334,12 @@ def postpone(
     after the wait, so it counts no miss either. (An attempt whose own call failed is
     never postponed: the agent sends no response and the supervisor counts it.)
 
-    A wait is not endless: the ``max_postponements``-th postponement in a row counts as
-    one failed attempt (the count starts again), so a service that stays down ends in
-    the failure path like any other failure.
+    A wait is not endless: every ``max_postponements``-th postponement in a row counts as
+    one failed attempt, so a service that stays down ends in the failure path like any
+    other failure. The count is kept (not started again) when a failure is counted: the
+    line stays one whose last attempt was postponed, whose request may still be delivered
+    and act until that attempt's Complete-By, which a cancel must wait out
+    (:func:`_cancel_pending`).
     """
     if not accepts_response(state, response):
         return None
@@ -344,7 +347,7 @@ def postpone(
     reason = _error(response.error or f"{state.step}: remote service unavailable")
     common = {"process_state": ProcessState.PENDING, "locked_by": None, "updated_at": now}
     postponements = state.postponements + 1
-    if postponements < max_postponements:
+    if postponements % max_postponements:
         changes = {"postponements": postponements, "last_error": reason, "complete_by": now + wait + pending_timeout}
         return Transition(state.model_copy(update={**common, **changes}), nudge_delay=wait)
     failures = state.failure_count + 1
@@ -356,12 +359,13 @@ def postpone(
         # ran first would be overtaken by what it undoes (found by the protocol model).
         given_up = _error(f"gave up after {failures} failed attempts; {counted}")
         settled = max(now, state.complete_by)
-        changes = {"gave_up": True, "complete_by": settled + pending_timeout, "last_error": given_up}
+        # Handed back given up: the give-up (not a cancel) decides, and its wait is here.
+        changes = {"gave_up": True, "complete_by": settled + pending_timeout, "last_error": given_up, "postponements": 0}
         wait = settled - now
     else:
         changes = {"last_error": _error(counted), "complete_by": now + wait + pending_timeout}
     return Transition(
-        state.model_copy(update={**common, **changes, "failure_count": failures, "postponements": 0}),
+        state.model_copy(update={"postponements": postponements, **common, **changes, "failure_count": failures}),
         nudge_delay=wait,
     )
 
@@ -443,7 +447,7 @@ def _compensate_next(
         return Transition(
             _start(
                 state, workflow, index, Kind.COMPENSATION, instance, now, defaults,
-                plan=tuple(plan), failed=tuple(failed), failure_count=0, last_error=None,
+                plan=tuple(plan), failed=tuple(failed), failure_count=0, postponements=0, last_error=None,
             ),
             tuple(records),
         )

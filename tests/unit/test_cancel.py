@@ -450,3 +450,33 @@ def test_a_cancel_whose_order_kept_moving_is_busy_not_refused(monkeypatch):
             nudger=w.nudger, now=w.now,
         )
     assert rejections.list() == []
+
+
+def test_a_line_whose_postponements_just_counted_a_failure_is_still_waited_out_by_a_cancel():
+    """The MAX_POSTPONEMENTS-th postponement counts a failure (the line goes on); its
+    attempt's request may still be delivered and act until that attempt's Complete-By: a
+    cancel then must wait that out too, not undo at once (found by a read-only review: the
+    count started again at 0 and the cancel took the line for one never postponed)."""
+    from tests.unit.test_workflow import MAX_POSTPONEMENTS
+
+    w = World()
+    w.submit()
+    w.answer()  # reserve done, charge claimed
+    for n in range(MAX_POSTPONEMENTS):
+        w.answer(Outcome.POSTPONED)
+        if n < MAX_POSTPONEMENTS - 1:
+            nudge, delay = w.nudger.nudges[-1]
+            w.now += delay
+            dispatch.schedule(nudge, scheduler=w.scheduler, now=w.now)
+    state = w.state()
+    assert (state.process_state, state.failure_count, state.gave_up) == (ProcessState.PENDING, 1, False)
+    assert cancel(w).verdict is CancelVerdict.RECORDED
+    sent = len(w.sent())
+    dispatch.schedule(Nudge(order_id="o-1"), scheduler=w.scheduler, now=w.now)  # the cancel's claim
+    assert len(w.sent()) == sent and w.state().gave_up  # handed back after the step's timeout
+    w.now += timedelta(seconds=DEFAULTS.timeout_seconds - 1)
+    dispatch.schedule(Nudge(order_id="o-1"), scheduler=w.scheduler, now=w.now)  # an early nudge
+    assert len(w.sent()) == sent  # nothing undone while charge's last request may still act
+    w.now += timedelta(seconds=1)
+    dispatch.schedule(Nudge(order_id="o-1"), scheduler=w.scheduler, now=w.now)
+    assert w.sent()[sent:] == [("compensation", "refund")]

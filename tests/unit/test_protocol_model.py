@@ -1243,7 +1243,7 @@ def illegal(state: OrderState, rows: dict[str, dict], max_postponements: int, de
         problems.append("Processing without an attempt")
     if state.process_state.terminal and (state.gave_up or state.postponements):
         problems.append("a terminal row still carries GaveUp or postponements")
-    if state.postponements >= max_postponements:
+    if state.failure_count < state.postponements // max_postponements:
         problems.append("postponements reached the limit without counting a failure")
     limit = state.max_failures or POLICY.max_failures
     at_limit = state.failure_count == limit and not state.gave_up and not state.process_state.terminal
