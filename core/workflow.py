@@ -29,6 +29,10 @@ class Kind(str, Enum):
     COMPENSATION = "compensation"
 
 
+#: The longest deadline a step may be given: a year (the approval timeout's own limit).
+MAX_TIMEOUT_SECONDS = 366 * 24 * 3600.0
+
+
 @dataclass(frozen=True)
 class StepPolicy:
     """How one step is run and supervised; ``None`` takes the app setting's default.
@@ -56,6 +60,24 @@ class StepPolicy:
     agent_backoff_max: float | None = None
     wait_timeout_seconds: float | None = None
 
+    def __post_init__(self) -> None:
+        """Refuse, when the workflow is defined, a value that would break an order at run
+        time (after its claim was written): a deadline that is not a positive, finite number
+        of seconds (at most :data:`MAX_TIMEOUT_SECONDS`), counts below 1, backoffs not
+        positive or not finite."""
+        for name in ("timeout_seconds", "wait_timeout_seconds"):
+            value = getattr(self, name)
+            if value is not None and not (0 < value <= MAX_TIMEOUT_SECONDS):
+                raise ValueError(f"{name} must be more than 0 and at most {MAX_TIMEOUT_SECONDS:.0f} s, not {value!r}")
+        for name in ("max_failures", "agent_max_calls"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a whole number of at least 1, not {value!r}")
+        for name in ("agent_backoff_initial", "agent_backoff_max"):
+            value = getattr(self, name)
+            if value is not None and not (0 < value <= MAX_TIMEOUT_SECONDS):
+                raise ValueError(f"{name} must be more than 0 and at most {MAX_TIMEOUT_SECONDS:.0f} s, not {value!r}")
+
     def over(self, defaults: StepPolicy) -> StepPolicy:
         """This policy with every unset field taken from ``defaults``."""
         return replace(
@@ -79,7 +101,7 @@ class Step:
     #: ``POST {remote base URL}/{action}``.
     action: str = ""
     #: The action that undoes ``action`` (``POST {base}/{compensate}``), or None when
-    #: the step cannot be undone (keep such steps last: see the README).
+    #: the step cannot be undone (such steps come after every step that can: :class:`Workflow` checks it).
     compensate: str | None = None
     policy: StepPolicy = field(default_factory=StepPolicy)
     #: The remote offers ``GET {base}/{action}/{idempotency key}`` (200 with the result
@@ -99,6 +121,10 @@ class Step:
                 raise ValueError(f"{what} name {value!r} must be lower-case letters and digits, starting with a letter")
         if self.compensate is not None and not _NAME.match(self.compensate):
             raise ValueError(f"compensation name {self.compensate!r} must be lower-case letters and digits")
+        if self.compensate == self.action:
+            # Both would go out under one idempotency key: the remote would take the undo
+            # for a replay of the action and undo nothing.
+            raise ValueError(f"step {self.name!r}: its compensation must be another action than {self.action!r}")
 
     def _check_waiting(self) -> None:
         for what, value in (("step", self.name), ("event", self.wait_for)):
@@ -160,6 +186,21 @@ class Workflow:
         names = [step.name for step in self.steps]
         if len(set(names)) != len(names):
             raise ValueError(f"workflow {self.name} v{self.version} repeats a step name: {names}")
+        waits = [step.wait_for for step in self.steps if step.waiting]
+        if len(set(waits)) != len(waits):
+            # An event names no step: a repeat of the first one's event would end the second.
+            raise ValueError(f"workflow {self.name} v{self.version}: two steps wait for the same event: {waits}")
+        for i, step in enumerate(self.steps):
+            if step.waiting or step.compensate is not None:
+                continue
+            undoable = [later.name for later in self.steps[i + 1:] if later.compensate is not None]
+            if undoable:
+                # Undoing those would stop at this step, in Error, and a resubmit would stop
+                # there again: a step that cannot be undone comes after every step that can.
+                raise ValueError(
+                    f"workflow {self.name} v{self.version}: step {step.name!r} cannot be undone, so it must come "
+                    f"after every step that can (here {', '.join(undoable)})"
+                )
 
     @property
     def key(self) -> tuple[str, int]:
@@ -196,9 +237,20 @@ APPROVAL_WORKFLOW = Workflow(
     ),
 )
 
+def registry(*definitions: Workflow) -> dict[tuple[str, int], Workflow]:
+    """The definitions by (name, version); two under one key are refused (orders in flight
+    on the first would go on with the other's steps)."""
+    found: dict[tuple[str, int], Workflow] = {}
+    for definition in definitions:
+        if definition.key in found:
+            raise ValueError(f"two definitions of workflow {definition}: add a new version instead")
+        found[definition.key] = definition
+    return found
+
+
 #: Every definition an order may be running on, by (name, version). Keep old versions
 #: here until no order runs on them.
-WORKFLOWS: dict[tuple[str, int], Workflow] = {w.key: w for w in (ORDER_WORKFLOW, APPROVAL_WORKFLOW)}
+WORKFLOWS: dict[tuple[str, int], Workflow] = registry(ORDER_WORKFLOW, APPROVAL_WORKFLOW)
 
 #: What a new order starts on.
 CURRENT = ORDER_WORKFLOW
@@ -206,6 +258,11 @@ CURRENT = ORDER_WORKFLOW
 
 class UnknownWorkflow(LookupError):
     """An order names a workflow definition this app does not have."""
+
+
+def _check_current() -> None:
+    if WORKFLOWS.get(CURRENT.key) is not CURRENT or latest(CURRENT.name) is not CURRENT:
+        raise ValueError(f"CURRENT ({CURRENT}) must be registered in WORKFLOWS and be the newest {CURRENT.name!r}")
 
 
 def latest(name: str, workflows: dict[tuple[str, int], Workflow] = WORKFLOWS) -> Workflow:
@@ -259,3 +316,6 @@ def actions(remote: str, workflows: dict[tuple[str, int], Workflow] = WORKFLOWS)
         for step in definition.steps
         if step.remote == remote and not step.waiting
     }
+
+
+_check_current()  # an order without a workflow field and one naming it start alike

@@ -658,3 +658,28 @@ def test_a_late_answer_still_recorded_and_the_sweep_peeks_only_for_rows_in_their
     w.now = w.state().complete_by + timedelta(seconds=6)
     assert sweep(w.now) == {"retry": 1} and len(peeks) == 2  # nothing queued from before: the miss counts
 
+
+def test_a_workflow_that_would_break_orders_at_run_time_is_refused_when_it_is_defined():
+    """Caught when the workflow is written, not after an order's claim: a step that cannot
+    be undone before one that can (its undo would stop there in Error, and a resubmit stop
+    there again), two steps waiting for one event (a repeat of the first approval would end
+    the second), an undo that is its own action (one idempotency key for both), policies
+    no order can run with, two definitions under one name and version."""
+    from core.workflow import Step, StepPolicy, Workflow, registry
+
+    reserve = Step("reserve", remote="inventory", action="reserve", compensate="release")
+    notify = Step("notify", remote="shipping", action="notify")
+    with pytest.raises(ValueError, match="'notify' cannot be undone, so it must come after every step that can"):
+        Workflow("w", 1, (notify, reserve))
+    Workflow("w", 1, (reserve, notify))  # last: fine
+    with pytest.raises(ValueError, match="two steps wait for the same event"):
+        Workflow("w", 1, (reserve, Step("a1", wait_for="approval"), Step("a2", wait_for="approval")))
+    with pytest.raises(ValueError, match="compensation must be another action"):
+        Step("toggle", remote="inventory", action="toggle", compensate="toggle")
+    for bad in ({"timeout_seconds": -5}, {"timeout_seconds": float("inf")}, {"timeout_seconds": 1e12},
+                {"max_failures": 0}, {"agent_max_calls": 0}, {"agent_backoff_initial": 0},
+                {"agent_backoff_max": float("nan")}):
+        with pytest.raises(ValueError):
+            StepPolicy(**bad)
+    with pytest.raises(ValueError, match="two definitions of workflow w v1"):
+        registry(Workflow("w", 1, (reserve,)), Workflow("w", 1, (reserve, notify)))
