@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core import names
 from core.access import ApiAuth
-from core.workflow import StepPolicy, remotes
+from core.workflow import MAX_TIMEOUT_SECONDS, StepPolicy, remotes
 
 
 class MissingSetting(ValueError):
@@ -90,8 +90,8 @@ class Settings(BaseSettings):
     remote_call_timeout_seconds: PositiveSeconds = _setting("REMOTE_CALL_TIMEOUT_SECONDS", 10.0)
     #: The agent's own retries within one step attempt (first call included).
     agent_max_calls: int = _setting("AGENT_MAX_CALLS", 6, ge=1, le=100)
-    agent_backoff_initial_seconds: PositiveSeconds = _setting("AGENT_BACKOFF_INITIAL_SECONDS", 0.2)
-    agent_backoff_max_seconds: PositiveSeconds = _setting("AGENT_BACKOFF_MAX_SECONDS", 5.0)
+    agent_backoff_initial_seconds: PositiveSeconds = _setting("AGENT_BACKOFF_INITIAL_SECONDS", 0.2, le=MAX_TIMEOUT_SECONDS)
+    agent_backoff_max_seconds: PositiveSeconds = _setting("AGENT_BACKOFF_MAX_SECONDS", 5.0, le=MAX_TIMEOUT_SECONDS)
     #: The agents' circuit breaker, per remote service per host instance (agents/breaker.py):
     #: it opens when, over the last BREAKER_SAMPLING_SECONDS, at least
     #: BREAKER_MINIMUM_THROUGHPUT distinct requests called the service and at least
@@ -112,7 +112,7 @@ class Settings(BaseSettings):
     # --- Scheduler and supervisor policy --------------------------------------
     #: How long one attempt of a step may take (claim -> response) before the
     #: supervisor counts it as failed.
-    step_timeout_seconds: PositiveSeconds = _setting("STEP_TIMEOUT_SECONDS", 30.0)
+    step_timeout_seconds: PositiveSeconds = _setting("STEP_TIMEOUT_SECONDS", 30.0, le=MAX_TIMEOUT_SECONDS)
     #: How long a Pending row may wait for the scheduler before the supervisor
     #: nudges it again (a lost nudge); no failure is counted for it.
     pending_timeout_seconds: PositiveSeconds = _setting("PENDING_TIMEOUT_SECONDS", 30.0)

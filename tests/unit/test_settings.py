@@ -50,6 +50,18 @@ def test_step_defaults_come_from_the_app_settings(monkeypatch):
     assert (defaults.timeout_seconds, defaults.max_failures, defaults.agent_max_calls) == (12.0, 3, 4)
 
 
+@pytest.mark.parametrize("name", ["STEP_TIMEOUT_SECONDS", "AGENT_BACKOFF_INITIAL_SECONDS", "AGENT_BACKOFF_MAX_SECONDS"])
+@pytest.mark.parametrize("value", ["0", "-5", "1e12", "inf"])
+def test_a_step_setting_no_step_can_run_with_is_refused_naming_it(monkeypatch, name, value):
+    """As a workflow's own StepPolicy is (core/workflow.py): refused when read, not when an
+    order's claim meets it."""
+    for key, base in BASE.items():
+        monkeypatch.setenv(key, base)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError, match=name):
+        Settings()
+
+
 def test_missing_connection_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("ServiceBusConnection", BASE["ServiceBusConnection"])
     monkeypatch.delenv("AzureWebJobsStorage", raising=False)
