@@ -202,7 +202,9 @@ class ShardedStateStore:
         self, since: datetime, *, limit: int
     ) -> tuple[list[tuple[str, ProcessState, datetime]], bool]:
         found = self._each(lambda s: s.states_updated_since(since, limit=limit))
-        rows = sorted((row for rows, _ in found for row in rows), key=lambda row: row[2])
+        # By order id, as one account's query returns them: a cut past ``limit`` thins every
+        # hour alike, where by time it dropped the newest hours whole.
+        rows = sorted((row for rows, _ in found for row in rows), key=lambda row: row[0])
         return rows[:limit], len(rows) > limit or any(more for _, more in found)
 
     def list_by_state(self, state: ProcessState, *, limit: int = 50) -> list[OrderState]:

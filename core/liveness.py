@@ -37,7 +37,9 @@ just failed and gives the trial to a line that waits: agents/breaker.py), told t
 ``max(1 s, ...) + j*O``, within ``w`` again. So an outage of length ``D`` adds at most
 ``D + 2w`` to each line it holds up (its attempts count against its own ``F`` as ever):
 :func:`order_bound` with ``outage=D`` adds ``D + 2w`` per remaining line at the service
-that was down (or at every service, when none is named).
+that was down (or at every service, when none is named). ``D`` is the time any breaker
+for that service is open, whatever opened it (a service failing about half its calls
+reopens breakers without being down for everyone: its lines are postponed the same).
 """
 
 from __future__ import annotations
