@@ -77,11 +77,13 @@
   }
 
   async function loadCustomer(more) {
+    const asked = search; // a new search while this one waits replaces it: its reply is dropped
     const params = new URLSearchParams({ customer: search.customer, limit: "20" });
     if (search.since) params.set("since", search.since);
     if (search.until) params.set("until", search.until);
     if (more && search.continuation) params.set("continuation", search.continuation);
     const page = await Ops.api(`/orders?${params}`);
+    if (search !== asked) return;
     const body = $("#customer-orders tbody");
     const rows = page.orders.map((order) => {
       const row = Ops.el("tr");
@@ -121,6 +123,15 @@
     };
     if (search.customer) ask(false);
   });
-  $("#customer-more").addEventListener("click", () => ask(true));
+  $("#customer-more").addEventListener("click", async () => {
+    const more = $("#customer-more");
+    if (more.disabled) return; // one page at a time: a second click would ask for the same page
+    more.disabled = true;
+    try {
+      await ask(true);
+    } finally {
+      more.disabled = false;
+    }
+  });
   Ops.addLoader(loadGroups);
 })();

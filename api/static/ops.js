@@ -33,10 +33,16 @@
     return body;
   }
 
-  function problem(text) {
+  // What went wrong, in one line. An action's message (a resubmit, a cancel, an approval, a
+  // search) stays until the next action; a refresh's, or an order's timeline's, goes with
+  // the next good refresh (which clears nothing else: it runs every few seconds).
+  let problemKind = "";
+  function problem(text, kind = "action") {
+    if (!text && kind !== "action" && problemKind === "action") return;
     const node = $("#problem");
     node.textContent = text || "";
     node.hidden = !text;
+    problemKind = text ? kind : "";
   }
 
   const short = (instance) => (instance ? String(instance).slice(0, 8) : "");
@@ -211,10 +217,10 @@
       ]);
       if (shown !== orderId) return;
       drawTimeline(doc, trace);
-      problem("");
+      problem("", "refresh");
     } catch (error) {
       $("#timeline").hidden = true;
-      problem(`order ${orderId}: ${error.message}`);
+      problem(`order ${orderId}: ${error.message}`, "refresh");
     }
   }
 
@@ -336,9 +342,10 @@
       ]);
       $("#refreshed").textContent = `updated ${new Date().toLocaleTimeString()}`;
       document.body.dataset.refreshed = String(Date.now());
+      problem("", "refresh");
       if (shown) await openTimeline(shown);
     } catch (error) {
-      problem(error.message);
+      problem(error.message, "refresh");
     }
   }
 

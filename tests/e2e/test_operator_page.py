@@ -236,4 +236,14 @@ def test_the_operator_page_in_a_browser(stack, browser):
                and "Compensated" in browser.find_element(By.ID, "timeline-state").text, "o-w Compensated")
     page.screenshot("after-cancel")
     assert page.read(lambda: browser.find_element(By.ID, "problem").text) == ""
+
+    # An action's error stays on the page through the refreshes (every 3 s, each redrawing
+    # the open timeline), until the next action: a search for a customer id that is none.
+    browser.find_element(By.ID, "customer-input").send_keys("not a customer?")
+    page.click(lambda: browser.find_element(By.CSS_SELECTOR, "#customer-form button[type=submit]"), "the search button")
+    page.until(lambda: "customer not a customer?" in browser.find_element(By.ID, "problem").text, "the search's error")
+    seen = page.read(lambda: int(browser.find_element(By.TAG_NAME, "body").get_attribute("data-refreshed")))
+    page.until(lambda: int(browser.find_element(By.TAG_NAME, "body").get_attribute("data-refreshed")) > seen + 3000,
+               "two refreshes after the search", timeout=20)
+    assert "customer not a customer?" in page.read(lambda: browser.find_element(By.ID, "problem").text)
     stack.assert_remote_clean()
