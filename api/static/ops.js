@@ -332,7 +332,28 @@
     canOperate: () => me.can_operate, addLoader: (load) => loaders.push(load),
   };
 
-  async function refresh() {
+  // One refresh at a time: a tick (or an action's refresh) while one runs asks for one more
+  // after it, so a slow answer (the counts scan the state rows) never piles requests up or
+  // lets an older reply redraw over a newer one.
+  let refreshing = null;
+  let refreshAgain = false;
+  function refresh() {
+    if (refreshing) {
+      refreshAgain = true;
+      return refreshing;
+    }
+    refreshing = (async () => {
+      do {
+        refreshAgain = false;
+        await refreshOnce();
+      } while (refreshAgain);
+    })().finally(() => {
+      refreshing = null;
+    });
+    return refreshing;
+  }
+
+  async function refreshOnce() {
     try {
       await Promise.all([
         loadCounts(),
