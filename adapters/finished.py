@@ -34,7 +34,7 @@ from azure.data.tables import UpdateMode
 
 from adapters.store import StateStore
 from core import names, retention
-from core.models import OrderState
+from core.models import OrderState, utcnow
 
 #: An entity-group transaction holds at most 100 operations (learn.microsoft.com/rest/api/
 #: storageservices/performing-entity-group-transactions, read 2026-11-25).
@@ -51,6 +51,8 @@ class FinishedRow(NamedTuple):
     finished_at: datetime
     batch: str | None
     etag: str
+    #: When it was marked into ``batch`` (None: not marked, or marked before this was kept).
+    marked_at: datetime | None = None
 
     @property
     def day(self) -> str:
@@ -103,7 +105,7 @@ def due_rows(s: StateStore, now: datetime, days: float, *, limit: int) -> list[F
         for row in rows:
             found.append(
                 FinishedRow(row["PartitionKey"], row["RowKey"], row["OrderId"], row["State"], row["FinishedAt"],
-                            row.get("Batch") or None, row.metadata["etag"])
+                            row.get("Batch") or None, row.metadata["etag"], row.get("MarkedAt"))
             )
             if len(found) >= limit:
                 break
@@ -117,16 +119,18 @@ def _by_partition(rows: Iterable[FinishedRow]) -> dict[str, list[FinishedRow]]:
     return grouped
 
 
-def mark(s: StateStore, rows: Iterable[FinishedRow], batch: str) -> list[FinishedRow]:
-    """Mark rows as taken into ``batch`` (the archive's block of that id): one transaction
-    per index partition and 100 rows, each row If-Match on the ETag read. Returns the rows
-    marked; a partition's rows changed since they were read (another runner) are left out."""
+def mark(s: StateStore, rows: Iterable[FinishedRow], batch: str, now: datetime | None = None) -> list[FinishedRow]:
+    """Mark rows as taken into ``batch`` (the archive's block of that id) at ``now``: one
+    transaction per index partition and 100 rows, each row If-Match on the ETag read.
+    Returns the rows marked; a partition's rows changed since they were read (another
+    runner) are left out."""
+    now = now or utcnow()
     marked = []
     for partition, group in _by_partition(rows).items():
         for start in range(0, len(group), TRANSACTION_MOST):
             chunk = group[start : start + TRANSACTION_MOST]
             operations = [
-                ("update", {"PartitionKey": partition, "RowKey": row.row_key, "Batch": batch},
+                ("update", {"PartitionKey": partition, "RowKey": row.row_key, "Batch": batch, "MarkedAt": now},
                  {"mode": UpdateMode.MERGE, "etag": row.etag, "match_condition": MatchConditions.IfNotModified})
                 for row in chunk
             ]
@@ -137,7 +141,7 @@ def mark(s: StateStore, rows: Iterable[FinishedRow], batch: str) -> list[Finishe
                 if getattr(error, "status_code", None) not in (404, 412):
                     raise
                 continue  # moved or gone since read: the next tick reads them again
-            marked += [row._replace(batch=batch) for row in chunk]
+            marked += [row._replace(batch=batch, marked_at=now) for row in chunk]
     return marked
 
 

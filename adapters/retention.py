@@ -31,7 +31,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from azure.core import MatchConditions
@@ -86,6 +86,16 @@ def _read(s: StateStore, row: FinishedRow) -> _Order:
 def _line(record: OrderRecord, now: datetime) -> bytes:
     document = {**status_document(record.state, record.document, record.lines), "archived_at": now.isoformat()}
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+#: How long a row marked into a batch not yet committed is left to the tick that marked it:
+#: longer than any tick can run (host.json functionTimeout, 10 minutes). After that, the tick
+#: that marked it died before committing, and a later tick archives the row anew.
+MARK_LEASE = timedelta(minutes=15)
+
+
+def _being_archived(row: FinishedRow, now: datetime) -> bool:
+    return row.batch is not None and row.marked_at is not None and now - row.marked_at < MARK_LEASE
 
 
 def _delete_order(s: StateStore, order: _Order) -> bool:
@@ -178,6 +188,10 @@ def _day(
                     drop.append(order.row)
                 else:
                     done.append(order)
+            elif verdict is Disposal.ARCHIVE and _being_archived(order.row, now):
+                # Marked by a tick that may still be running (another host's: each runs its
+                # timers): its block may be on its way. Taken over once it cannot be running.
+                report.counts["being_archived"] += 1
             elif verdict is Disposal.ARCHIVE:
                 todo.append(order)
             else:
@@ -185,7 +199,7 @@ def _day(
                 report.counts[verdict.value] += 1
         if todo:
             batch = uuid.uuid4().hex
-            marked = {row.row_key for row in finished.mark(s, [o.row for o in todo], batch)}
+            marked = {row.row_key for row in finished.mark(s, [o.row for o in todo], batch, now)}
             todo = [o for o in todo if o.row.row_key in marked]
         if todo:
             data = b"".join(_line(o.record, now) for o in todo)

@@ -14,6 +14,7 @@ from azure.storage.blob import ContainerClient
 from adapters import finished, search
 from adapters.archive import Archive
 from adapters.clients import transport
+from adapters import retention as retention_adapter
 from adapters.retention import RetentionPolicy, tick
 from adapters.store import OrderNotFound, StateStore
 from api import archive as archive_api
@@ -166,8 +167,42 @@ def test_a_crash_before_the_commit_takes_the_marked_rows_into_a_new_batch(store,
         tick(store=store, archive=failing, policy=policy(), now=NOW)
     marks = {row.batch for row in finished.due_rows(store, NOW, 1, limit=10)}
     assert len(marks) == 1 and None not in marks  # marked, never committed
-    report = tick(store=store, archive=failing, policy=policy(), now=NOW)
+    # While the tick that marked them could still be running (another host's), they are its.
+    soon = tick(store=store, archive=failing, policy=policy(), now=NOW + timedelta(minutes=1))
+    assert (soon["being_archived"], soon["archived"], soon["deleted"]) == (3, 0, 0)
+    later = NOW + retention_adapter.MARK_LEASE + timedelta(seconds=1)  # it died: taken over
+    report = tick(store=store, archive=failing, policy=policy(), now=later)
     assert (report["already_archived"], report["archived"], report["deleted"]) == (0, 3, 3)
+    assert sorted(doc["order_id"] for doc in archived(archive, retention.day_of(DAYS_AGO_3))) == ids
+
+
+def test_two_ticks_at_once_archive_each_order_once(store, archive):
+    """Two hosts' timers tick together (each local host process runs its timers): the
+    second reads the rows the first has marked but not committed yet; it leaves them to the
+    first, and each order is archived once."""
+    ids = [end(store, f"tw-{n}", DAYS_AGO_3 + timedelta(seconds=n)).order_id for n in range(3)]
+    reports = []
+
+    def the_other_tick():  # while the first has marked and committed its block, before its deletes
+        reports.append(tick(store=store, archive=archive, policy=policy(), now=NOW))
+
+    marked_not_committed = []
+    original = finished.mark
+
+    def mark_then_the_other_tick(s, rows, batch, now=None):
+        marked = original(s, rows, batch, *([] if now is None else [now]))
+        if not marked_not_committed:
+            marked_not_committed.append(True)
+            the_other_tick()  # it reads the marks; the block is not committed yet
+        return marked
+
+    finished.mark = mark_then_the_other_tick
+    try:
+        first = tick(store=store, archive=archive, policy=policy(), now=NOW)
+    finally:
+        finished.mark = original
+    assert reports[0]["being_archived"] == 3 and reports[0]["archived"] == 0
+    assert first["archived"] == first["deleted"] == 3
     assert sorted(doc["order_id"] for doc in archived(archive, retention.day_of(DAYS_AGO_3))) == ids
 
 
