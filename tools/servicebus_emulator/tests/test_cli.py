@@ -118,32 +118,30 @@ def test_the_command_without_queues_serves_none(command):
     assert "(queues: none)" in stderr
 
 
-@pytest.mark.parametrize(
-    "spec", ["orders:max_delivery_count=0", "orders:colour=blue", "orders:lock_duration=soon", ":max_delivery_count=2"]
-)
-def test_the_command_refuses_a_bad_queue_declaration(spec):
-    process = subprocess.run(
-        [sys.executable, "-m", "tools.servicebus_emulator", "--port", "0", "--queue", spec],
+def refused(*arguments: str) -> subprocess.CompletedProcess:
+    """The command with a bad argument: it must stop at once (it would otherwise serve)."""
+    return subprocess.run(
+        [sys.executable, "-m", "tools.servicebus_emulator", "--port", "0", *arguments],
         cwd=IMPORT_ROOT,
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
     )
+
+
+@pytest.mark.parametrize(
+    "spec", ["orders:max_delivery_count=0", "orders:colour=blue", "orders:lock_duration=soon", ":max_delivery_count=2"]
+)
+def test_the_command_refuses_a_bad_queue_declaration(spec):
+    process = refused("--queue", spec)
     assert process.returncode == 2, process.stderr
     assert process.stdout == ""
     assert "--queue" in process.stderr and "Traceback" not in process.stderr
 
 
 def test_the_command_refuses_an_unknown_log_level_as_a_bad_argument():
-    process = subprocess.run(
-        [sys.executable, "-m", "tools.servicebus_emulator", "--port", "0", "--log-level", "loud"],
-        cwd=IMPORT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    process = refused("--log-level", "loud")
     assert process.returncode == 2, process.stderr
     assert "--log-level" in process.stderr and "Traceback" not in process.stderr
 
