@@ -118,7 +118,7 @@ def post_order_event(req: func.HttpRequest) -> func.HttpResponse:
         s = services()
         return events.post_event(
             req.route_params.get("id"), req.route_params.get("name"), req.get_body(),
-            scheduler=scheduler(s), now=utcnow(), signed_in=cancel.signed_in(s.settings.api_auth, req.headers),
+            scheduler=scheduler(s), now=utcnow(), signed_in=access.signed_in(s.settings.api_auth, req.headers),
         )
 
     return _operate(req, action)

@@ -11,7 +11,6 @@ the cancel (try again); 404 for an unknown order; 400 for a bad id or body.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from datetime import datetime
 
@@ -27,7 +26,6 @@ from scheduler.cancellation import Busy, NotCancellable, cancel
 
 #: A body larger than this is not a cancel request.
 MAX_BODY_BYTES = 4_096
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def reason_of(body: bytes | None) -> str | None:
@@ -52,23 +50,10 @@ def reason_of(body: bytes | None) -> str | None:
         raise BadRequest(explain(error)) from None
 
 
-def signed_in(mode: access.ApiAuth, headers: Mapping[str, str]) -> str | None:
-    """The Easy Auth principal's name (control characters dropped, at most 200 characters);
-    None without Easy Auth, or when the principal names no one."""
-    if mode is not access.ApiAuth.EASYAUTH:
-        return None
-    lowered = {key.lower(): value for key, value in headers.items()}
-    try:
-        name = access.Principal.from_header(lowered.get(access.PRINCIPAL_HEADER, "")).name
-    except access.BadPrincipal:
-        return None
-    return (_CONTROL.sub("", name)[:200] or None) if name else None
-
-
 def caller(mode: access.ApiAuth, headers: Mapping[str, str]) -> str:
     """Who asked, as the cancel records it: the Easy Auth principal's name, else the API."""
     if mode is access.ApiAuth.EASYAUTH:
-        return signed_in(mode, headers) or "an operator"
+        return access.signed_in(mode, headers) or "an operator"
     return "the status API"
 
 

@@ -32,8 +32,11 @@ import base64
 import binascii
 import ipaddress
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+
+from core.models import without_control_characters
 
 #: App roles of the API's Entra ID app registration (docs/deploy.md creates them).
 READER_ROLE = "Orders.Read"
@@ -146,3 +149,17 @@ def loopback_host(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def signed_in(mode: ApiAuth, headers: Mapping[str, str]) -> str | None:
+    """The caller's name as App Service Authentication gives it (control characters taken
+    out, at most 200 characters), for what a call records as done by whom (a cancel, an
+    approval); None without Easy Auth, or when the principal names no one."""
+    if mode is not ApiAuth.EASYAUTH:
+        return None
+    lowered = {key.lower(): value for key, value in headers.items()}
+    try:
+        name = Principal.from_header(lowered.get(PRINCIPAL_HEADER, "")).name
+    except BadPrincipal:
+        return None
+    return (without_control_characters(name)[:200] or None) if name else None

@@ -52,6 +52,11 @@ MAX_DOCUMENT_CHARS = 30_000
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
+def without_control_characters(value: str) -> str:
+    """``value`` with its control characters (C0, DEL, C1) taken out."""
+    return _CONTROL.sub("", value)
+
+
 def _no_control_characters(value: str) -> str:
     if _CONTROL.search(value):
         raise ValueError("must not contain control characters")

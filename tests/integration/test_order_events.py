@@ -93,15 +93,13 @@ def test_approved_over_the_api_the_document_shows_the_result_and_the_charge_is_s
 def test_an_approval_over_the_api_records_the_signed_in_caller_whatever_the_body_says(app_settings, servicebus_emulator):
     """With App Service Authentication the principal's name is who approved (the audit
     trail), as a cancel records its caller: a body's "by" names no one the API checked."""
-    from api.cancel import signed_in
-
     waiting_order("e-by", app_settings, servicebus_emulator)
     principal = base64.b64encode(json.dumps({
         "auth_typ": "aad", "name_typ": "name", "role_typ": "roles",
         "claims": [{"typ": "name", "val": "dana@example.test"}, {"typ": "roles", "val": access.OPERATOR_ROLE}],
     }).encode()).decode()
-    who = signed_in(access.ApiAuth.EASYAUTH, {"X-MS-CLIENT-PRINCIPAL": principal})
-    assert who == "dana@example.test" and signed_in(access.ApiAuth.NONE, {"X-MS-CLIENT-PRINCIPAL": principal}) is None
+    who = access.signed_in(access.ApiAuth.EASYAUTH, {"X-MS-CLIENT-PRINCIPAL": principal})
+    assert who == "dana@example.test" and access.signed_in(access.ApiAuth.NONE, {"X-MS-CLIENT-PRINCIPAL": principal}) is None
     reply = post_event("e-by", "approval", APPROVE, scheduler=scheduler(services()), now=utcnow(), signed_in=who)
     assert reply.status == 202, reply.body
     assert reply.body["steps"][1]["result"] == {"approved": True, "by": "dana@example.test", "note": "fine"}
