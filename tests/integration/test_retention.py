@@ -270,13 +270,18 @@ def test_each_tick_does_bounded_work_whatever_waits(store, archive):
     assert len(archived(archive, retention.day_of(DAYS_AGO_3))) == 25
 
 
-def test_a_full_blob_rolls_over_to_the_days_next_part(store, archive, monkeypatch):
+def archived_in_parts(store, archive, monkeypatch, prefix: str, count: int) -> str:
+    """``count`` orders archived one tick each into blobs of two blocks: the day, in parts."""
     monkeypatch.setattr(retention, "MAX_BLOCKS_PER_BLOB", 2)
-    for n in range(5):
-        end(store, f"p-{n}", DAYS_AGO_3 + timedelta(seconds=n))
-    for _ in range(5):
+    for n in range(count):
+        end(store, f"{prefix}-{n}", DAYS_AGO_3 + timedelta(seconds=n))
+    for _ in range(count):
         tick(store=store, archive=archive, policy=policy(max_orders=1), now=NOW)
-    day = retention.day_of(DAYS_AGO_3)
+    return retention.day_of(DAYS_AGO_3)
+
+
+def test_a_full_blob_rolls_over_to_the_days_next_part(store, archive, monkeypatch):
+    day = archived_in_parts(store, archive, monkeypatch, "p", 5)
     assert [(p.number, len(p.blocks)) for p in archive.day(day).parts] == [(0, 2), (1, 2), (2, 1)]
     assert sorted(doc["order_id"] for doc in archived(archive, day)) == [f"p-{n}" for n in range(5)]
     # Pages of two run across the parts (a page may end at a part's last byte).
@@ -331,12 +336,7 @@ def forged(part: int, offset: int) -> str:
 def test_a_continuation_that_is_not_where_a_line_starts_is_refused_and_a_real_one_reads_on(store, archive, monkeypatch):
     from api.orders import BadRequest
 
-    monkeypatch.setattr(retention, "MAX_BLOCKS_PER_BLOB", 2)
-    for n in range(3):
-        end(store, f"c-{n}", DAYS_AGO_3 + timedelta(seconds=n))
-    for _ in range(3):
-        tick(store=store, archive=archive, policy=policy(max_orders=1), now=NOW)
-    day = retention.day_of(DAYS_AGO_3)
+    day = archived_in_parts(store, archive, monkeypatch, "c", 3)
     assert [(p.number, len(p.blocks)) for p in archive.day(day).parts] == [(0, 2), (1, 1)]
     order = [doc["order_id"] for doc in archived(archive, day)]
     raw = archive.container.get_blob_client(f"orders/{day}.jsonl").download_blob().readall()
