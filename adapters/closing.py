@@ -14,7 +14,7 @@ from datetime import datetime
 
 from adapters import search, telemetry
 from adapters.finished import record_finished
-from adapters.messaging import Publisher
+from adapters.messaging import Publisher, ended_key
 from adapters.store import StateStore
 from core import names
 from core.models import Alert, OrderState, ProcessState, Status, StatusEvent
@@ -84,6 +84,7 @@ def _close(
             attempt=state.attempt,
         ),
         queue=state.reply_to,
+        key=ended_key(state.updated_at),  # the same end sent again has the same id; a later end at this attempt not
     )
     search.index_error(store, state)  # before the active row goes: a crash leaves that row, the sweep redoes this
     record_finished(state, store=store)  # before the active row goes: a crash between, the sweep heals

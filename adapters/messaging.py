@@ -9,6 +9,7 @@ or more each time).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import threading
@@ -142,19 +143,21 @@ class Publisher:
         resubmitted may fail again at the same attempt), so a repeated alert of one Error
         (after a crash between the Error write and the send) is dropped by duplicate
         detection, and a new Error's is not."""
-        key = f"{attempt}" if ended is None else f"{attempt}:{int(ended.timestamp() * 1000):x}"
+        key = f"{attempt}" if ended is None else f"{attempt}:{ended_key(ended)}"
         message = _message(
             alert, message_id=f"{alert.order_id}:alert:{key}", correlation_id=alert.order_id, subject="order-failed"
         )
         self._send(queue, message, "alert")
 
-    def send_status(self, event: StatusEvent, *, queue: str | None) -> bool:
-        """Best effort: a missing or broken reply queue never blocks or fails the order."""
+    def send_status(self, event: StatusEvent, *, queue: str | None, key: str | None = None) -> bool:
+        """Best effort: a missing or broken reply queue never blocks or fails the order.
+        ``key``: what tells this event apart from another of its status at its attempt
+        (:func:`status_message_id`)."""
         if not queue or self._broken.get(queue, 0.0) > time.monotonic():
             return False
         message = _message(
             event,
-            message_id=f"{event.order_id}:{event.status.value}:{event.attempt or 0}",
+            message_id=status_message_id(event, key),
             correlation_id=event.order_id,
             subject=event.status.value,
         )
@@ -194,6 +197,26 @@ class Publisher:
             with link.lock:
                 link.close()
         self.client.close()
+
+
+def status_message_id(event: StatusEvent, key: str | None = None) -> str:
+    """A status event's MessageId: the order id, the status and the attempt, then ``key``
+    where one status can happen twice at one attempt (an order's end: an undo resubmitted
+    can fail again at once, unclaimed; a rejection: two different invalid messages can name
+    one order id). The same event sent again (a close repeated after a crash, a message
+    redelivered) has the same id, so a reply queue's duplicate detection drops the repeat
+    and never a new event. An id longer than Service Bus takes keeps the order id and a
+    digest of the rest."""
+    parts = [event.status.value, str(event.attempt or 0), *([key] if key else [])]
+    message_id = ":".join([event.order_id, *parts])
+    if len(message_id) <= MAX_MESSAGE_ID:
+        return message_id
+    return f"{event.order_id[:100]}:{hashlib.sha256(':'.join(parts).encode()).hexdigest()[:24]}"
+
+
+def ended_key(ended: datetime) -> str:
+    """An order's end as a status event's or an alert's key: milliseconds since the epoch, in hex."""
+    return f"{int(ended.timestamp() * 1000):x}"
 
 
 class _Link:

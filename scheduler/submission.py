@@ -7,6 +7,7 @@ unavailable) raises, so Service Bus delivers the message again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -153,6 +154,8 @@ def _submit(
                 status=Status.REJECTED, time=now, detail=reason,
             ),
             queue=queue,
+            # Which message was rejected: the same one redelivered has the same event id, another one not.
+            key=hashlib.sha256(message_id.encode() if message_id else body).hexdigest()[:16],
         )
         return Submission(Result.REJECTED, order_id, reason=reason)
 

@@ -15,7 +15,7 @@ from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from opentelemetry.sdk.trace import TracerProvider
 
 from adapters import telemetry
-from adapters.messaging import JSON, MAX_MESSAGE_ID, _message
+from adapters.messaging import JSON, MAX_MESSAGE_ID, _message, ended_key, status_message_id
 from core.models import Alert, Status, StatusEvent, utcnow
 
 
@@ -80,3 +80,16 @@ def test_a_message_id_service_bus_refuses_is_refused_before_sending():
     for build in (_message, sdk_message):
         with pytest.raises(ValueError, match="message_id cannot be longer than 128"):
             build(EVENT, message_id="m" * (MAX_MESSAGE_ID + 1), **arguments)
+
+
+def test_a_status_event_id_tells_apart_what_can_happen_twice_at_one_attempt_and_fits_service_bus():
+    """An order's end is keyed by when it ended, so a later end at the same attempt is a new
+    id; the longest order id with the longest status and a key still fits 128 characters,
+    as a digest of all but the order id, distinct per key and the same for the same event."""
+    ended = utcnow()
+    event = StatusEvent(order_id="o-1", status=Status.COMPENSATED, time=ended, attempt=7)
+    assert status_message_id(event) == "o-1:compensated:7"
+    assert status_message_id(event, ended_key(ended)) == f"o-1:compensated:7:{int(ended.timestamp() * 1000):x}"
+    long = event.model_copy(update={"order_id": "o" * 100, "attempt": 123456})
+    ids = {status_message_id(long, key) for key in ("a", "a", "b")}
+    assert len(ids) == 2 and all(len(i) <= MAX_MESSAGE_ID and i.startswith("o" * 100 + ":") for i in ids)

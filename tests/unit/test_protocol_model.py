@@ -275,7 +275,7 @@ class ModelPublisher:
         self.model.fuse_effect()
         return True
 
-    def send_status(self, event, *, queue) -> bool:
+    def send_status(self, event, *, queue, key=None) -> bool:
         self.model.fuse_effect()
         return True
 

@@ -61,7 +61,7 @@ class Publisher:
         self.requests.append((queue, request))
         return True
 
-    def send_status(self, event, *, queue):
+    def send_status(self, event, *, queue, key=None):
         self.statuses.append(event)
         return True
 
