@@ -115,10 +115,12 @@ class Plan:
     unknown_hosts: int = 2
     unknown_timeout: float = 180.0
     #: The Temporal peer (benchmarks/temporal_peer): orders sent at once per saturation run, with
-    #: these host / worker process counts; a light load at latency_rate for peer_latency_seconds.
+    #: these host / worker process counts; a light load at latency_rate for peer_latency_seconds;
+    #: in peer_rounds rounds, the sides taking turns to go first (the ratios' median is reported).
     peer_orders: int = 300
     peer_processes: tuple[int, ...] = (1, 2)
     peer_latency_seconds: float = 20.0
+    peer_rounds: int = 3
 
     @classmethod
     def quick(cls) -> Plan:
@@ -126,7 +128,7 @@ class Plan:
             serial_ops=40, parallel=(2, 2), parallel_ops=200, op_budget=3.0, study=((1, 1), (1, 4), (4, 1)),
             study_ops=120, transport_reads=80, sweep_history=(0, 1000), sweep_repeats=3, pipeline_orders=200,
             pipeline_timeout=90.0, latency_seconds=8.0, idle_seconds=20.0, ops_orders=50, recovery_trials=1,
-            peer_orders=100, peer_latency_seconds=8.0,
+            peer_orders=100, peer_latency_seconds=8.0, peer_rounds=1,
             **cls.quick_resilience(),
         )
 

@@ -12,9 +12,16 @@ with the same orders (``devtools.orders.order_body``), in the same order:
    worker process (Temporal), then 2 against 2: orders/s from the first send to the last
    order done, and the CPU of every process over the run (/proc) per order done.
 
+In ``peer_rounds`` rounds, each side on a fresh stack, the sides alternating which goes first
+(this stack, Temporal; Temporal, this stack; ...): this machine's speed drifts by up to a fifth
+from one minute to the next (the same code's CPU per order, measured back to back), so one pair
+of runs can show a ratio that the next pair does not. Each ratio is taken within a round, and
+the report gives the median of the rounds' ratios with every round's, and each side's median.
+
 Telemetry alike: in those runs this stack's hosts write no spans or metrics files (Temporal's
-worker, in its SDK's default settings, exports neither); then one more saturation run on one
-host writing them, as the demo and Azure run it, shows what the app's telemetry costs.
+worker, in its SDK's default settings, exports neither); in the first round one more
+saturation run on one host writing them, as the demo and Azure run it, shows what the app's
+telemetry costs.
 
 "Done" is the Processed row's commit (its Table Timestamp) for this stack and the
 workflow's close time for Temporal, both server clocks on this machine.
@@ -25,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
+import statistics
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -90,6 +98,19 @@ class Side:
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
+
+
+@dataclass
+class Round:
+    """One round: this stack's runs and Temporal's, one after the other on fresh stacks."""
+
+    ours: Side
+    theirs: Side
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 class StackDriver:
@@ -188,83 +209,104 @@ def measure(driver: StackDriver | TemporalDriver, plan, counter, *, name: str | 
     return side
 
 
-def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str], traced: Side | None = None) -> None:
-    """The section: figures with their targets, the side-by-side table, each run's detail."""
+def build(section: Section, plan, rounds: list[Round], found: dict[str, str], traced: Side | None = None) -> None:
+    """The section: figures with their targets (each side's median over the rounds, the median
+    of the rounds' ratios), the side-by-side table with every round's ratio, each run's detail."""
     rows = []
 
-    def compare(key: str, label: str, a, b, unit: str, target: str | None = None, passes=None,
-                side: str = STACK) -> None:
-        ratio = _ratio(a, b)
+    def compare(key: str, label: str, value, unit: str, target: str | None = None, passes=None,
+                side: str = STACK, ours=None) -> None:
+        """``value(side)``: the figure of one side's runs; ``ours``: this stack's side if not each round's own."""
+        pairs = [(value(ours or r.ours), value(r.theirs)) for r in rounds]
+        a, b = _median([p[0] for p in pairs]), _median([p[1] for p in pairs])
+        each = [_ratio(*p) for p in pairs]
+        ratio = _median(each)
         met = None if target is None or ratio is None else passes(ratio)
         section.figure(f"{key}.stack", f"{label}: {side}", a, unit)
         section.figure(f"{key}.temporal", f"{label}: {TEMPORAL}", b, unit)
         section.figure(f"ratio.{key}", f"{label}: {side} / {TEMPORAL}", ratio, "", target=target, met=met)
         verdict = "" if met is None else ("PASS" if met else "MISS")
-        rows.append([label, a, b, ratio, target or "", verdict])
+        rows.append([label, a, b, ratio, ", ".join("–" if r is None else f"{r:.2f}" for r in each), target or "",
+                     verdict])
 
     def hosts_vs_workers(n: int) -> str:
         return f"{n} host{'s' if n > 1 else ''} vs {n} worker process{'es' if n > 1 else ''}"
 
+    def per_second(n: int):
+        return lambda side: side.runs[n].per_second if n in side.runs else None
+
+    def percentile(q: int):
+        return lambda side: side.light.percentile(q) if side.light is not None else None
+
     for processes in plan.peer_processes:
         one = processes == 1
         compare(f"orders_per_s.{processes}", f"orders/s at saturation, {hosts_vs_workers(processes)}",
-                ours.runs[processes].per_second, theirs.runs[processes].per_second, "orders/s",
+                per_second(processes), "orders/s",
                 *((f"≥ {TARGET_THROUGHPUT:g}", lambda r: r >= TARGET_THROUGHPUT) if one else ()))
     light = f"at light load ({plan.latency_rate:g} orders/s, both)"
-    compare("p50", f"p50 send → done {light}", ours.light.percentile(50), theirs.light.percentile(50), "s",
-            f"≤ {TARGET_P50:g}", lambda r: r <= TARGET_P50)
-    compare("p95", f"p95 send → done {light}", ours.light.percentile(95), theirs.light.percentile(95), "s")
+    compare("p50", f"p50 send → done {light}", percentile(50), "s", f"≤ {TARGET_P50:g}", lambda r: r <= TARGET_P50)
+    compare("p95", f"p95 send → done {light}", percentile(95), "s")
+
+    def app_cpu(n: int):
+        return lambda side: side.cpu_ms(n, app=True)
+
+    def function_cpu(n: int):  # Temporal's worker process is all app: its whole CPU
+        return lambda side: side.function_ms(n) if side.name != TEMPORAL else side.cpu_ms(n, app=True)
+
     for processes in plan.peer_processes:
         one = processes == 1
         compare(f"cpu_app_ms.{processes}", f"CPU per order, app side, {hosts_vs_workers(processes)}",
-                ours.cpu_ms(processes, app=True), theirs.cpu_ms(processes, app=True),
-                "ms", *((f"≤ {TARGET_CPU:g}", lambda r: r <= TARGET_CPU) if one else ()))
+                app_cpu(processes), "ms", *((f"≤ {TARGET_CPU:g}", lambda r: r <= TARGET_CPU) if one else ()))
         compare(f"cpu_functions_ms.{processes}", f"CPU per order, app side, function side only (this stack: the "
                 f"functions' own, from the local host's per-invocation thread CPU) vs the worker, "
-                f"{hosts_vs_workers(processes)}", ours.function_ms(processes), theirs.cpu_ms(processes, app=True), "ms")
+                f"{hosts_vs_workers(processes)}", function_cpu(processes), "ms")
         compare(f"cpu_infra_ms.{processes}", "CPU per order, infrastructure (Azurite + Service Bus emulator vs "
-                f"Temporal server), {hosts_vs_workers(processes)}", ours.cpu_ms(processes, app=False),
-                theirs.cpu_ms(processes, app=False), "ms")
-    if traced is not None and 1 in traced.runs and 1 in theirs.runs:
+                f"Temporal server), {hosts_vs_workers(processes)}", lambda side, n=processes: side.cpu_ms(n, app=False),
+                "ms")
+    if traced is not None and 1 in traced.runs and all(1 in r.theirs.runs for r in rounds):
         with_files = "1 host with its spans and metrics written vs 1 worker process"
-        compare("traced.orders_per_s.1", f"orders/s at saturation, {with_files}", traced.runs[1].per_second,
-                theirs.runs[1].per_second, "orders/s", side=TRACED)
-        compare("traced.cpu_app_ms.1", f"CPU per order, app side, {with_files}", traced.cpu_ms(1, app=True),
-                theirs.cpu_ms(1, app=True), "ms", side=TRACED)
+        compare("traced.orders_per_s.1", f"orders/s at saturation, {with_files}", per_second(1), "orders/s",
+                side=TRACED, ours=traced)
+        compare("traced.cpu_app_ms.1", f"CPU per order, app side, {with_files}", app_cpu(1), "ms", side=TRACED,
+                ours=traced)
         compare("traced.cpu_functions_ms.1", f"CPU per order, app side, function side only, {with_files}",
-                traced.function_ms(1), theirs.cpu_ms(1, app=True), "ms", side=TRACED)
-    section.table("side by side (ratio: this stack / Temporal)",
-                  ["figure", STACK, TEMPORAL, "ratio", "target", "PASS / MISS"], rows,
-                  note="Targets (issue 21), printed here, not asserted by tests: orders/s of 1 host ≥ 1.0 × "
-                  "Temporal's 1 worker; app-side CPU per order ≤ Temporal worker's; p50 at light load ≤ 0.5 × "
-                  "Temporal's. Other processes on the machine kept "
-                  + " and ".join(f"{format_value(side.other_cores)} cores busy during the runs of {side.name}"
-                                 for side in (ours, traced, theirs)
-                                 if side is not None and side.other_cores is not None)
+                function_cpu(1), "ms", side=TRACED, ours=traced)
+    sides = [(n, side) for n, r in enumerate(rounds, 1) for side in (r.ours, r.theirs)]
+    if traced is not None:
+        sides.insert(1, (1, traced))
+    section.table(f"side by side (ratio: this stack / Temporal; the median of {len(rounds)} round(s))",
+                  ["figure", STACK, TEMPORAL, "ratio", "ratio in each round", "target", "PASS / MISS"], rows,
+                  note="Each side's figure is its median over the rounds; the ratio is the median of the rounds' "
+                  "ratios, each taken between the two sides' runs of one round. Targets (issue 21), printed here, "
+                  "not asserted by tests: orders/s of 1 host ≥ 1.0 × Temporal's 1 worker; app-side CPU per order ≤ "
+                  "Temporal worker's; p50 at light load ≤ 0.5 × Temporal's. Other processes on the machine kept "
+                  + " and ".join(f"{format_value(side.other_cores)} cores busy during the runs of {side.name} "
+                                 f"(round {n})" for n, side in sides if side.other_cores is not None)
                   + " (the machine is shared: timings under other load are pessimistic; CPU per order much less so).")
     detail = []
-    for side in (ours, theirs) if traced is None else (ours, traced, theirs):
+    for n, side in sides:
         for processes, run in side.runs.items():
             detail.append([
                 side.name, processes, run.orders, run.processed, run.errors, run.seconds, run.per_second,
                 run.per_second_99, run.percentile(50), side.cpu_ms(processes, app=True),
                 side.cpu_ms(processes, app=False), sum(run.cpu.values()) / run.wall if run.wall else None,
-                side.split(processes),
+                side.split(processes), n,
             ])
     section.table(
         f"saturation runs: {plan.peer_orders} orders sent at once",
         ["side", "processes", "orders", "done", "errors", "seconds", "orders/s", "orders/s to 99%",
          "p50 send → done s (queued in the burst)", "app CPU ms/order", "infrastructure CPU ms/order",
-         "cores busy", "CPU ms/order by process"],
+         "cores busy", "CPU ms/order by process", "round"],
         detail,
         note="Processes: this stack's local Functions hosts (host-N), Azurite and the Service Bus emulator "
         "(servicebus); Temporal's worker processes (worker-N) and its dev server (temporal). The fake remote "
         "service and the benchmark's client share the benchmark's own process on both sides (not counted).",
     )
     light_rows = [[side.name, side.light.orders, side.light.processed, side.light.percentile(50),
-                   side.light.percentile(95), side.light.percentile(99)] for side in (ours, theirs)]
+                   side.light.percentile(95), side.light.percentile(99), n] for n, side in sides
+                  if side.light is not None]
     section.table(f"light load: {plan.latency_rate:g} orders/s for {plan.peer_latency_seconds:g} s, 1 process",
-                  ["side", "orders", "done", "p50 s", "p95 s", "p99 s"], light_rows,
+                  ["side", "orders", "done", "p50 s", "p95 s", "p99 s", "round"], light_rows,
                   note="Where this stack's time goes at light load, hop by hop, what each hop costs locally and what "
                   "bounds it in Azure: \"Light-load latency, hop by hop\" (written by hand, kept by make bench), "
                   "under \"Where the CPU goes, and what was cut\".")
@@ -289,7 +331,10 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
     section.intro = (
         "Both sides run the same saga (`core.workflow.CURRENT`: reserve/release, charge/refund, ship) against the "
         "same fake remote service (every service, no faults, answering at once), with the same orders, one side "
-        f"after the other (never at once) on this machine ({os.cpu_count()} cores): {plan.warm_up_orders} warm-up "
+        f"after the other (never at once) on this machine ({os.cpu_count()} cores), in {len(rounds)} round(s), "
+        "each side on a fresh stack and the sides taking turns to go first (this machine's speed drifts by up to a "
+        "fifth between runs minutes apart, so a ratio is taken within a round and the report gives the median of "
+        f"the rounds' ratios with each round's). Each side, each round: {plan.warm_up_orders} warm-up "
         f"orders; a light load of {plan.latency_rate:g} orders/s for {plan.peer_latency_seconds:g} s on one process "
         f"(p50 and p95 from the send to the order done); then {plan.peer_orders} orders sent at once with {counts} "
         "(orders/s from the first send to the last order done; the CPU of every process over the run, from /proc, "
@@ -298,8 +343,8 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
         "processes against the worker processes; infrastructure: Azurite + the Service Bus emulator against the "
         "Temporal server. Telemetry alike on both sides: in the runs compared this stack's hosts write no spans "
         "or metrics files, as Temporal's worker in its default settings exports neither; one more saturation "
-        f"run, {TRACED} (1 host, as the demo and Azure run it: 15 spans and a few metric points per order), "
-        "shows what the app's own telemetry costs, against the same Temporal run. CPU per order, function side only: of the host processes' CPU, what the functions "
+        f"run in the first round, {TRACED} (1 host, as the demo and Azure run it: 15 spans and a few metric points "
+        "per order), shows what the app's own telemetry costs, against each round's Temporal run. CPU per order, function side only: of the host processes' CPU, what the functions "
         "themselves used (each invocation's thread CPU, as `python -m benchmarks.hostcpu` measures it: in Azure "
         "the Python worker's share, the rest being the local host's emulation of Azure's .NET Functions host) "
         "against the same worker processes. How to run it and the settings: docs/benchmarks.md."
@@ -308,15 +353,32 @@ def build(section: Section, plan, ours: Side, theirs: Side, found: dict[str, str
 
 def run(section: Section, plan, *, app_stack: Callable[..., AbstractContextManager[BenchStack]], log_dir: Path,
         counter) -> None:
-    """Measure this stack without its telemetry files, then with them (one saturation run),
-    then Temporal (never two at once), and build the section. ``app_stack(telemetry=...)``
-    starts an app stack with one host."""
+    """``plan.peer_rounds`` rounds of this stack without its telemetry files and of Temporal,
+    the sides taking turns to go first (never two at once, each on a fresh stack); in the
+    first, after this stack's runs, one saturation run of this stack with its telemetry files
+    (the traced side); then build the section. ``app_stack(telemetry=...)`` starts an app
+    stack with one host."""
     temporal_binary()  # fails first, and loudly, when the Temporal binary is missing
     found = versions()
-    with app_stack(telemetry=False) as stack:
-        ours = measure(StackDriver(stack), plan, counter)
-    with app_stack(telemetry=True) as stack:  # one saturation run on one host, its telemetry files written
-        traced = measure(StackDriver(stack), plan, counter, name=TRACED, light=False, processes=(1,))
-    with TemporalStack(log_dir).start(workers=1) as stack:
-        theirs = measure(TemporalDriver(stack), plan, counter)
-    build(section, plan, ours, theirs, found, traced)
+
+    def ours() -> Side:
+        with app_stack(telemetry=False) as stack:
+            return measure(StackDriver(stack), plan, counter)
+
+    def theirs() -> Side:
+        with TemporalStack(log_dir).start(workers=1) as stack:
+            return measure(TemporalDriver(stack), plan, counter)
+
+    rounds: list[Round] = []
+    traced = None
+    for n in range(max(1, plan.peer_rounds)):
+        if n % 2:  # Temporal first
+            first = theirs()
+            rounds.append(Round(ours(), first))
+            continue
+        first = ours()
+        if traced is None:
+            with app_stack(telemetry=True) as stack:  # one saturation run on one host, its telemetry files written
+                traced = measure(StackDriver(stack), plan, counter, name=TRACED, light=False, processes=(1,))
+        rounds.append(Round(first, theirs()))
+    build(section, plan, rounds, found, traced)
