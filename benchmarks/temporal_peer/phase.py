@@ -13,7 +13,7 @@ with the same orders (``devtools.orders.order_body``), in the same order:
    order done, and the CPU of every process over the run (/proc) per order done.
 
 In ``peer_rounds`` rounds, each side on a fresh stack, the sides alternating which goes first
-(this stack, Temporal; Temporal, this stack; ...): this machine's speed drifts by up to a fifth
+(this stack, Temporal; Temporal, this stack; ...): this machine's speed drifts by up to a quarter
 from one minute to the next (the same code's CPU per order, measured back to back), so one pair
 of runs can show a ratio that the next pair does not. Each ratio is taken within a round, and
 the report gives the median of the rounds' ratios with every round's, and each side's median.
@@ -333,7 +333,7 @@ def build(section: Section, plan, rounds: list[Round], found: dict[str, str], tr
         "same fake remote service (every service, no faults, answering at once), with the same orders, one side "
         f"after the other (never at once) on this machine ({os.cpu_count()} cores), in {len(rounds)} round(s), "
         "each side on a fresh stack and the sides taking turns to go first (this machine's speed drifts by up to a "
-        "fifth between runs minutes apart, so a ratio is taken within a round and the report gives the median of "
+        "quarter between runs minutes apart, so a ratio is taken within a round and the report gives the median of "
         f"the rounds' ratios with each round's). Each side, each round: {plan.warm_up_orders} warm-up "
         f"orders; a light load of {plan.latency_rate:g} orders/s for {plan.peer_latency_seconds:g} s on one process "
         f"(p50 and p95 from the send to the order done); then {plan.peer_orders} orders sent at once with {counts} "
