@@ -13,6 +13,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from adapters.closing import close_order
+from adapters.messaging import ended_key
 from adapters.order_cache import OrderCache
 from adapters.store import StateStore
 from core import lifecycle, names, workflow as workflows
@@ -55,6 +57,8 @@ class Publisher:
     def __init__(self) -> None:
         self.requests: list[tuple[str, AgentRequest]] = []
         self.statuses = []
+        #: The key each status event was sent with (adapters.messaging.status_message_id).
+        self.status_keys = []
         self.alerts = []
 
     def send_agent_request(self, request, *, queue, reply_to, now):
@@ -63,6 +67,7 @@ class Publisher:
 
     def send_status(self, event, *, queue, key=None):
         self.statuses.append(event)
+        self.status_keys.append(key)
         return True
 
     def send_alert(self, alert, *, queue, attempt, ended=None):
@@ -683,3 +688,47 @@ def test_a_workflow_that_would_break_orders_at_run_time_is_refused_when_it_is_de
             StepPolicy(**bad)
     with pytest.raises(ValueError, match="two definitions of workflow w v1"):
         registry(Workflow("w", 1, (reserve,)), Workflow("w", 1, (reserve, notify)))
+
+
+def test_an_orders_end_is_sent_with_its_end_time_so_a_later_end_at_the_same_attempt_is_a_new_event():
+    """The status event of an order's end carries when it ended (its id's key): the same end
+    closed again (the sweep after a crash) is the same event, and an undo resubmitted that
+    fails again at once, at the same attempt, is a new one, which a reply queue's duplicate
+    detection must not drop."""
+    w = World()
+    w.submit()
+    for _ in range(3):
+        w.answer()
+    done = w.state()
+    assert (w.publisher.statuses[-1].status, w.publisher.status_keys[-1]) == (
+        Status.PROCESSED, ended_key(done.updated_at))
+    failed = done.model_copy(update={"process_state": ProcessState.ERROR, "last_error": "undo refused"})
+    again = failed.model_copy(update={"updated_at": failed.updated_at + timedelta(seconds=2)})
+    for state in (failed, failed, again):
+        close_order(state, store=w.store, publisher=w.publisher, alerts_queue="alerts", now=w.now)
+    assert w.publisher.status_keys[-3:] == [ended_key(failed.updated_at)] * 2 + [ended_key(again.updated_at)]
+    assert ended_key(failed.updated_at) != ended_key(again.updated_at)
+
+
+def test_a_rejection_is_sent_with_the_rejected_messages_id_so_another_message_is_a_new_event():
+    """Two different invalid messages naming one order id are two rejections (their events'
+    keys differ); the same message delivered again is the same event (the same key)."""
+    from adapters.store import RejectionStore
+    from scheduler.submission import Result, submit
+
+    w = World()
+
+    def reject(message_id: str, body: bytes) -> None:
+        result = submit(
+            body, message_id=message_id, reply_to="replies", content_type="application/json", store=w.store,
+            rejections=RejectionStore(MemoryTable()), publisher=w.publisher, workflow=workflows.ORDER_WORKFLOW,
+            now=w.now, pending_timeout=timedelta(seconds=30),
+        )
+        assert result.result is Result.REJECTED
+
+    for message_id, body in (("m-1", b'{"order_id": "o-9"}'), ("m-1", b'{"order_id": "o-9"}'),
+                             ("m-2", b'{"order_id": "o-9", "items": []}')):
+        reject(message_id, body)
+    assert [(e.status, e.order_id) for e in w.publisher.statuses] == [(Status.REJECTED, "o-9")] * 3
+    first, again, other = w.publisher.status_keys
+    assert first == again and first != other
