@@ -250,6 +250,9 @@ def build(section: Section, plan, rounds: list[Round], found: dict[str, str], tr
     def app_cpu(n: int):
         return lambda side: side.cpu_ms(n, app=True)
 
+    def infra_cpu(n: int):
+        return lambda side: side.cpu_ms(n, app=False)
+
     def function_cpu(n: int):  # Temporal's worker process is all app: its whole CPU
         return lambda side: side.function_ms(n) if side.name != TEMPORAL else side.cpu_ms(n, app=True)
 
@@ -261,8 +264,7 @@ def build(section: Section, plan, rounds: list[Round], found: dict[str, str], tr
                 f"functions' own, from the local host's per-invocation thread CPU) vs the worker, "
                 f"{hosts_vs_workers(processes)}", function_cpu(processes), "ms")
         compare(f"cpu_infra_ms.{processes}", "CPU per order, infrastructure (Azurite + Service Bus emulator vs "
-                f"Temporal server), {hosts_vs_workers(processes)}", lambda side, n=processes: side.cpu_ms(n, app=False),
-                "ms")
+                f"Temporal server), {hosts_vs_workers(processes)}", infra_cpu(processes), "ms")
     if traced is not None and 1 in traced.runs and all(1 in r.theirs.runs for r in rounds):
         with_files = "1 host with its spans and metrics written vs 1 worker process"
         compare("traced.orders_per_s.1", f"orders/s at saturation, {with_files}", per_second(1), "orders/s",
