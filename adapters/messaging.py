@@ -38,6 +38,12 @@ BROKEN_QUEUE_PAUSE = 60.0
 MAX_OPEN_SENDERS = 16
 #: The longest MessageId Service Bus takes.
 MAX_MESSAGE_ID = 128
+#: A sender not used for this long is closed and a new one opened for the next send. Azure
+#: force-detaches a link with no send for 10 minutes ("AMQP errors in Azure Service Bus",
+#: Microsoft Learn): the SDK recovers a detached sender only by retrying, which a status
+#: event's 2-s budget does not allow (the reply queue was then taken for broken and its
+#: events dropped for a minute), and which holds any other send up ~2.6 s.
+SENDER_IDLE_SECONDS = 9 * 60.0
 
 
 def agent_request_id(order_id: str, step: str, attempt: int) -> str:
@@ -103,6 +109,8 @@ class Publisher:
     def _send(self, queue: str, message: AmqpAnnotatedMessage, kind: str, timeout: float | None = None) -> None:
         link = self._link(queue)
         with link.lock:
+            if link.sender is not None and time.monotonic() - link.used >= SENDER_IDLE_SECONDS:
+                link.close()  # Azure has detached its link by now, or is about to
             if link.sender is None:
                 link.sender = self.client.get_queue_sender(queue)
             try:
@@ -110,6 +118,7 @@ class Publisher:
             except Exception:
                 link.close()  # a broken link is not reused: the next send opens a fresh one
                 raise
+            link.used = time.monotonic()
         self.ops[kind] += 1
         telemetry.message_sent("servicebus", kind)
 
@@ -225,6 +234,8 @@ class _Link:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.sender = None
+        #: When the sender last sent (monotonic seconds): one idle too long is replaced.
+        self.used = 0.0
 
     def close(self) -> None:
         sender, self.sender = self.sender, None
@@ -242,6 +253,8 @@ class AsyncPublisher:
     def __init__(self, client) -> None:
         self.client = client  # an azure.servicebus.aio.ServiceBusClient
         self._senders: dict[str, object] = {}
+        #: When each queue's sender last sent (monotonic seconds): one idle too long is replaced.
+        self._used: dict[str, float] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.ops: Counter[str] = Counter()
 
@@ -249,6 +262,10 @@ class AsyncPublisher:
         lock = self._locks.setdefault(queue, asyncio.Lock())
         async with lock:  # a sender is not safe for concurrent sends
             sender = self._senders.get(queue)
+            if sender is not None and time.monotonic() - self._used.get(queue, 0.0) >= SENDER_IDLE_SECONDS:
+                del self._senders[queue]  # Azure has detached its link by now (SENDER_IDLE_SECONDS)
+                await _close_quietly(sender)
+                sender = None
             if sender is None:
                 sender = self._senders[queue] = self.client.get_queue_sender(queue)
             try:
@@ -257,6 +274,7 @@ class AsyncPublisher:
                 self._senders.pop(queue, None)  # a broken link is not reused
                 await _close_quietly(sender)
                 raise
+            self._used[queue] = time.monotonic()
         self.ops["agent_response"] += 1
         telemetry.message_sent("servicebus", "agent_response")
 

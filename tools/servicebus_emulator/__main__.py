@@ -1,4 +1,4 @@
-"""``python -m tools.servicebus_emulator [--port 5672] [--queue NAME[:key=value,...] ...] [--faults SPEC] [--stats-stdin]``
+"""``python -m tools.servicebus_emulator [--port 5672] [--queue NAME[:key=value,...] ...] [--faults SPEC] [--link-idle-timeout SECONDS] [--stats-stdin]``
 
 Declares the queues it is given (none by default). Prints the connection string on
 stdout once listening, logs to stderr, and stops cleanly on Ctrl-C or SIGTERM. With
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from .broker import QueueSettings
+from .broker import LINK_IDLE_TIMEOUT, QueueSettings
 from .codec import SdkVersionError
 from .faults import Faults
 from .server import EmulatorError, EmulatorServer
@@ -52,6 +52,14 @@ def _argument(parse: Callable[[str], T]) -> Callable[[str], T]:
     return convert
 
 
+def _seconds(text: str) -> float | None:
+    """A number of seconds, 0 for none."""
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"not a number of seconds: {text!r}")
+    return value or None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m tools.servicebus_emulator",
@@ -63,6 +71,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--queue", action="append", type=_argument(QueueSettings.parse), default=[], metavar="NAME[:key=value,...]", help=QUEUE_HELP
     )
     parser.add_argument("--faults", type=_argument(Faults.parse), default=Faults(), metavar="SPEC", help=FAULTS_HELP)
+    parser.add_argument(
+        "--link-idle-timeout", type=_argument(_seconds), default=LINK_IDLE_TIMEOUT, metavar="SECONDS",
+        help=f"force-detach a queue's link after this many seconds without a send, receive or settlement, as "
+        f"Azure does after 10 minutes; 0: never (default: {LINK_IDLE_TIMEOUT:g})",
+    )
     parser.add_argument(
         "--stats-stdin",
         action="store_true",
@@ -99,7 +112,7 @@ def _serve_stats(server: EmulatorServer, loop: asyncio.AbstractEventLoop, stoppi
 
 
 async def serve(args: argparse.Namespace) -> None:
-    server = EmulatorServer(args.host, args.port, args.queue, args.faults)
+    server = EmulatorServer(args.host, args.port, args.queue, args.faults, link_idle_timeout=args.link_idle_timeout)
     await server.start()
     print(server.connection_string, flush=True)
     stopping = asyncio.Event()

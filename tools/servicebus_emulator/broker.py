@@ -571,11 +571,25 @@ class Queue:
         self.timeline.cancel()
 
 
+#: Azure force-detaches a link on which no call (a send, a receive) was made for 10 minutes
+#: (``amqp:link:detach-forced``, "AmqpMessagePublisher.IdleTimerExpired: Idle timeout:
+#: 00:10:00"); the connection stays open. Microsoft Learn, "AMQP errors in Azure Service Bus",
+#: https://learn.microsoft.com/azure/service-bus-messaging/service-bus-amqp-troubleshoot
+#: (read 2026-11-28: "no calls (for example, send or receive) are made using the link for 10
+#: minutes. So, the link is closed. The connection is still open.").
+LINK_IDLE_TIMEOUT = 600.0
+
+
 class Broker:
     """All queues, by case-insensitive name, and the emulator's operation counters."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, faults: Faults | None = None) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, faults: Faults | None = None, *,
+        link_idle_timeout: float | None = LINK_IDLE_TIMEOUT,
+    ) -> None:
         self.loop = loop
+        #: Seconds without a call on a queue's link before it is force-detached (None: never); session.py.
+        self.link_idle_timeout = link_idle_timeout
         self._queues: dict[str, Queue] = {}
         #: What the emulator has done since it started, by kind (see the README's "Operation counters").
         self.operations: collections.Counter[str] = collections.Counter()

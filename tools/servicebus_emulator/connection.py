@@ -18,6 +18,7 @@ import asyncio
 import logging
 import socket
 import struct
+import time
 from typing import Any
 
 from azure.servicebus._pyamqp.error import AMQPError
@@ -96,6 +97,7 @@ class Connection(asyncio.Protocol):
         self._reading = False  # inside data_received: its output is written when it returns
         self._heartbeat: asyncio.TimerHandle | None = None
         self._sent_since_heartbeat = False
+        self._idle_check: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol -------------------------------------------------------------------
 
@@ -114,6 +116,8 @@ class Connection(asyncio.Protocol):
         self.registry.discard(self)
         if self._heartbeat is not None:
             self._heartbeat.cancel()
+        if self._idle_check is not None:
+            self._idle_check.cancel()
         for session in list(self.sessions.values()):
             session.teardown()
         self.sessions.clear()
@@ -318,6 +322,24 @@ class Connection(asyncio.Protocol):
         idle_timeout_ms = fields[4]
         if idle_timeout_ms:
             self._schedule_heartbeat(idle_timeout_ms / 2000.0)
+        self._schedule_idle_check()
+
+    def _schedule_idle_check(self) -> None:
+        """Every few seconds (a quarter of the timeout, at most 30 s), force-detach the links idle
+        past the broker's ``link_idle_timeout``, as Azure does (session.py ``detach_idle``)."""
+        timeout = self.broker.link_idle_timeout
+        interval = 1.0 if not timeout else min(30.0, max(0.05, timeout / 4))
+
+        def check() -> None:
+            if self._closing:
+                return
+            if self.broker.link_idle_timeout:
+                now = time.monotonic()
+                for session in list(self.sessions.values()):
+                    session.detach_idle(now, self.broker.link_idle_timeout)
+            self._schedule_idle_check()
+
+        self._idle_check = self.loop.call_later(interval, check)
 
     def _schedule_heartbeat(self, interval: float) -> None:
         def beat() -> None:

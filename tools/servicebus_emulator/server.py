@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Self, TypeVar
 
 from . import codec
-from .broker import Broker, QueueSettings
+from .broker import LINK_IDLE_TIMEOUT, Broker, QueueSettings
 from .connection import Connection
 from .faults import Faults
 
@@ -65,12 +65,14 @@ class EmulatorServer:
     """The AMQP listener and its broker, on the running event loop."""
 
     def __init__(
-        self, host: str, port: int, queues: Iterable[QueueSettings | str] = (), faults: Faults | None = None
+        self, host: str, port: int, queues: Iterable[QueueSettings | str] = (), faults: Faults | None = None, *,
+        link_idle_timeout: float | None = LINK_IDLE_TIMEOUT,
     ) -> None:
         self.host = host
         self.requested_port = port
         self.queues = [queue_settings(queue) for queue in queues]
         self.faults = faults or Faults()
+        self.link_idle_timeout = link_idle_timeout
         self.port = 0
         self.connections: set[Connection] = set()
         self.loop: asyncio.AbstractEventLoop
@@ -80,7 +82,7 @@ class EmulatorServer:
     async def start(self) -> None:
         codec.check_sdk_version()
         self.loop = asyncio.get_running_loop()
-        self.broker = Broker(self.loop, self.faults)
+        self.broker = Broker(self.loop, self.faults, link_idle_timeout=self.link_idle_timeout)
         for settings in self.queues:
             self.broker.declare(settings)
         try:
@@ -114,6 +116,11 @@ class EmulatorServer:
     def fault_counts(self) -> dict[str, int]:
         """Faults injected so far, by kind: ``throttled``, ``lock_lost``, ``link_drop``, ``connection_drop``."""
         return self.broker.faults.counts()
+
+    def set_link_idle_timeout(self, seconds: float | None) -> None:
+        """Force-detach a queue's link after this many seconds without a call (None: never; Azure: 600).
+        Call it on the server's event loop."""
+        self.link_idle_timeout = self.broker.link_idle_timeout = seconds
 
     @property
     def connection_string(self) -> str:
@@ -213,6 +220,11 @@ class ServiceBusEmulator:
         """Faults injected so far, by kind: ``throttled``, ``lock_lost``, ``link_drop``, ``connection_drop``."""
         return self._call(self._server.fault_counts)
 
+    def set_link_idle_timeout(self, seconds: float | None) -> None:
+        """Force-detach a queue's link after this many seconds without a call (None: never), from now on;
+        Azure's 10 minutes (``broker.LINK_IDLE_TIMEOUT``) by default."""
+        self._call(lambda: self._server.set_link_idle_timeout(seconds))
+
     def stop(self, timeout: float = 10.0) -> None:
         """Close every connection and stop listening (idempotent)."""
         if not self._thread.is_alive():
@@ -238,16 +250,19 @@ def start(
     *,
     faults: Faults | None = None,
     timeout: float = 10.0,
+    link_idle_timeout: float | None = LINK_IDLE_TIMEOUT,
 ) -> ServiceBusEmulator:
     """Start an emulator in a background thread of this process.
 
     ``port=0`` picks a free port (read it from ``.port``). ``queues`` are :class:`QueueSettings`
     or names (Service Bus's default properties); more can be declared later with
     :meth:`ServiceBusEmulator.declare_queue`. ``faults``: Azure's push-back to inject (faults.py;
-    none by default). Raises :class:`EmulatorError` if it cannot start.
+    none by default). ``link_idle_timeout``: seconds without a call before a queue's link is
+    force-detached, as Azure detaches it after 10 minutes (None: never). Raises
+    :class:`EmulatorError` if it cannot start.
     """
     settings = [queue_settings(queue) for queue in queues]
-    server = EmulatorServer(host, port, settings, faults)
+    server = EmulatorServer(host, port, settings, faults, link_idle_timeout=link_idle_timeout)
     loop = asyncio.new_event_loop()
     started: concurrent.futures.Future[None] = concurrent.futures.Future()
 

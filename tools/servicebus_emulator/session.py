@@ -21,6 +21,7 @@ module imports this one, never the other way round).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -146,6 +147,7 @@ class Session:
         if isinstance(link, IncomingLink):
             if link.detach_sent:
                 return  # the client sent it before it read our detach
+            link.called()
             drop = self._drop(link)
             if drop == "link":
                 return
@@ -162,6 +164,7 @@ class Session:
         self.remote_incoming_window = next_incoming_id + fields[1] - self.next_transfer_id
         link = self._link(fields[4]) if fields[4] is not None else None
         if link is not None:
+            link.called()
             drop = self._drop(link)
             if drop == "link":
                 return
@@ -186,6 +189,8 @@ class Session:
         if not ids and first == last and not settled:
             # Not one of ours (any more): say so now rather than let the client wait for an echo.
             self._echo(first, rejected(LOCK_LOST, "Unknown delivery, or its lock was lost."))
+        if ids:
+            self.unsettled[ids[0]][0].called()
         drop = self._drop(self.unsettled[ids[0]][0]) if ids else None
         if drop == "link":
             return
@@ -208,6 +213,20 @@ class Session:
         if drop == "link":
             link.detach(error=(DETACH_FORCED, DETACHED))
         return drop
+
+    def detach_idle(self, now: float, timeout: float) -> None:
+        """Force-detach each queue link with no call for ``timeout`` seconds, as Azure does (broker.py
+        ``LINK_IDLE_TIMEOUT``). A receive waiting for a message (credit the client granted and no
+        message to spend it on) is a call in progress, not idleness."""
+        for link in list(self.links.values()):
+            if not link.carries_messages or link.detach_sent:
+                continue
+            if isinstance(link, OutgoingLink) and link.available_credit() > 0:
+                link.called(now)
+            elif now - link.last_call >= timeout:
+                self.connection.broker.operations["link.idle-detached"] += 1
+                log.info("link %r idle for %.0f s: force-detached", link.name, now - link.last_call)
+                link.detach(error=(DETACH_FORCED, idle_detached(link, timeout)))
 
     def _echo(self, delivery_id: int, state: bytes) -> None:
         self.send(
@@ -360,6 +379,15 @@ def _property_updates(state: Any, body: bytes) -> messages.PropertyUpdates:
 _DEAD_LETTER_KEYS = frozenset({"DeadLetterReason", "DeadLetterErrorDescription"})
 
 
+def idle_detached(link: Link, timeout: float) -> str:
+    """Azure's description of a link it force-detached for idleness (broker.py ``LINK_IDLE_TIMEOUT``)."""
+    role = ("consumer", "Consumer") if link.client_receives else ("publisher", "Publisher")
+    minutes, seconds = divmod(int(timeout), 60)
+    return (f"The link '{link.name}' is force detached by the broker due to errors occurred in {role[0]}. "
+            f"Detach origin: AmqpMessage{role[1]}.IdleTimerExpired: Idle timeout: "
+            f"{minutes // 60:02d}:{minutes % 60:02d}:{seconds:02d}.")
+
+
 def session_refusal(queue: str) -> str:
     """Why a session receiver is refused (with ``amqp:not-allowed``, as Azure refuses one on a queue
     without sessions): Azure's words, then the emulator's reason."""
@@ -400,6 +428,12 @@ class Link:
         self.detach_sent = False
         #: A link to or from a queue (not a refused link, nor one of a request node).
         self.carries_messages = False
+        #: When the client last made a call on it (a send, credit, a settlement), monotonic seconds.
+        self.last_call = time.monotonic()
+
+    def called(self, now: float | None = None) -> None:
+        """The client made a call on the link: its idle time starts again."""
+        self.last_call = time.monotonic() if now is None else now
 
     def send_attach(self, raw_address: Any) -> None:
         address = _text(raw_address)

@@ -204,3 +204,10 @@ def test_the_benchmark_runs_and_reports_both_modes(capsys):
     assert re.search(r"^batched\s+200\s+\d+", output, re.MULTILINE), output
     assert re.search(r"^single\s+20\s+\d+", output, re.MULTILINE), output
     assert "targets: " in output
+
+
+@pytest.mark.parametrize("seconds", ["-1", "soon", "inf"])
+def test_the_command_refuses_a_bad_link_idle_timeout_as_a_bad_argument(seconds):
+    process = refused("--link-idle-timeout", seconds)
+    assert process.returncode == 2, process.stderr
+    assert "--link-idle-timeout" in process.stderr and "Traceback" not in process.stderr

@@ -1,0 +1,87 @@
+"""Azure force-detaches a link on which no call was made for 10 minutes
+(``amqp:link:detach-forced``, "…IdleTimerExpired: Idle timeout: 00:10:00"), and leaves the
+connection open; a receive waiting for a message is a call. The emulator does the same after
+its ``link_idle_timeout``, shortened here (``set_link_idle_timeout``) so tests need not wait."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.exceptions import ServiceBusConnectionError
+
+from tools.servicebus_emulator import codec
+from tools.servicebus_emulator.broker import LINK_IDLE_TIMEOUT
+from tools.servicebus_emulator.tests.conftest import wait_until
+from tools.servicebus_emulator.tests.rawamqp import RawClient, message
+
+IDLE = 0.5
+
+
+@pytest.fixture
+def short_idle(servicebus_emulator):
+    servicebus_emulator.set_link_idle_timeout(IDLE)
+    yield servicebus_emulator
+    servicebus_emulator.set_link_idle_timeout(LINK_IDLE_TIMEOUT)
+
+
+def idle_detaches(emulator) -> int:
+    return emulator.operation_counts().get("link.idle-detached", 0)
+
+
+def test_a_link_with_no_call_is_force_detached_as_azure_says_and_the_connection_stays_open(short_idle, unique_name):
+    queue = short_idle.declare_queue(unique_name())
+    with RawClient(short_idle.port) as client:
+        sender = client.attach(queue, receiver=False)
+        client.send(sender, message(value=codec.enc_string("before")))
+        code, fields = client.read_frame()  # the next frame but credit: the detach, once the link has been idle
+        while code == codec.FLOW:
+            code, fields = client.read_frame()
+        assert code == codec.DETACH and fields[1] is True  # closed
+        condition, description = fields[2][0], fields[2][1]
+        assert condition == b"amqp:link:detach-forced"
+        assert b"force detached by the broker due to errors occurred in publisher" in description
+        assert b"AmqpMessagePublisher.IdleTimerExpired: Idle timeout: 00:00:00" in description
+        # The connection is still open: a new link works on it.
+        again = client.attach(queue, receiver=False)
+        client.send(again, message(value=codec.enc_string("after")))
+    assert short_idle.message_counts(queue)["active"] == 2
+
+
+def test_a_receive_waiting_past_the_idle_time_is_a_call_and_keeps_its_link(short_idle, unique_name, report_figure):
+    queue = short_idle.declare_queue(unique_name())
+    before = idle_detaches(short_idle)
+    client = ServiceBusClient.from_connection_string(short_idle.connection_string)
+    with client, client.get_queue_receiver(queue) as receiver:
+        arrived = threading.Event()
+
+        def send_later() -> None:  # once the receive has waited several idle times (and its link stayed)
+            arrived.wait(IDLE * 4)
+            with client.get_queue_sender(queue) as sender:
+                sender.send_messages(ServiceBusMessage("late"))
+
+        threading.Thread(target=send_later, daemon=True).start()
+        (received,) = receiver.receive_messages(max_message_count=1, max_wait_time=IDLE * 10)
+        assert str(received) == "late"
+        receiver.complete_message(received)
+    assert idle_detaches(short_idle) == before
+
+
+def test_a_sender_idle_past_the_time_is_detached_and_a_send_without_a_deadline_recovers(short_idle, unique_name):
+    """What the Python SDK does about it: a send with no timeout retries on a new link; one with
+    a short timeout (as the app's status events have) fails instead."""
+    queue = short_idle.declare_queue(unique_name())
+    before = idle_detaches(short_idle)
+    client = ServiceBusClient.from_connection_string(short_idle.connection_string)
+    with client, client.get_queue_sender(queue) as sender:
+        sender.send_messages(ServiceBusMessage("one"))
+        wait_until(lambda: idle_detaches(short_idle) > before, what="the idle sender's link detached")
+        with pytest.raises(ServiceBusConnectionError):
+            sender.send_messages(ServiceBusMessage("lost"), timeout=2.0)
+    client = ServiceBusClient.from_connection_string(short_idle.connection_string)
+    with client, client.get_queue_sender(queue) as sender:
+        sender.send_messages(ServiceBusMessage("two"))
+        wait_until(lambda: idle_detaches(short_idle) > before + 1, what="the second sender's link detached")
+        sender.send_messages(ServiceBusMessage("three"))  # no deadline: the SDK opens a new link
+    assert short_idle.message_counts(queue)["active"] == 3
