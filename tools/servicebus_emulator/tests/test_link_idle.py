@@ -11,7 +11,9 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.exceptions import ServiceBusConnectionError
 
+from tools import servicebus_emulator as emulator
 from tools.servicebus_emulator import codec
+from tools.servicebus_emulator.__main__ import parse_args
 from tools.servicebus_emulator.broker import LINK_IDLE_TIMEOUT
 from tools.servicebus_emulator.tests.conftest import wait_until
 from tools.servicebus_emulator.tests.rawamqp import RawClient, message
@@ -20,10 +22,20 @@ IDLE = 0.5
 
 
 @pytest.fixture
-def short_idle(servicebus_emulator):
-    servicebus_emulator.set_link_idle_timeout(IDLE)
-    yield servicebus_emulator
-    servicebus_emulator.set_link_idle_timeout(LINK_IDLE_TIMEOUT)
+def short_idle():
+    """An emulator of the test's own (the only links it detaches are the test's), started with
+    Azure's 10 minutes and shortened at run time, as a test of an app would shorten it."""
+    instance = emulator.start(host="127.0.0.1", port=0)
+    assert instance.operation_counts().get("link.idle-detached", 0) == 0
+    instance.set_link_idle_timeout(IDLE)
+    yield instance
+    instance.stop()
+
+
+def test_the_command_detaches_after_azures_ten_minutes_unless_told_otherwise():
+    assert parse_args([]).link_idle_timeout == LINK_IDLE_TIMEOUT == 600
+    assert parse_args(["--link-idle-timeout", "2.5"]).link_idle_timeout == 2.5
+    assert parse_args(["--link-idle-timeout", "0"]).link_idle_timeout is None  # never
 
 
 def idle_detaches(emulator) -> int:
@@ -49,7 +61,7 @@ def test_a_link_with_no_call_is_force_detached_as_azure_says_and_the_connection_
     assert short_idle.message_counts(queue)["active"] == 2
 
 
-def test_a_receive_waiting_past_the_idle_time_is_a_call_and_keeps_its_link(short_idle, unique_name, report_figure):
+def test_a_receive_waiting_past_the_idle_time_is_a_call_and_keeps_its_link(short_idle, unique_name):
     queue = short_idle.declare_queue(unique_name())
     before = idle_detaches(short_idle)
     client = ServiceBusClient.from_connection_string(short_idle.connection_string)
