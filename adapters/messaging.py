@@ -40,9 +40,11 @@ MAX_OPEN_SENDERS = 16
 MAX_MESSAGE_ID = 128
 #: A sender not used for this long is closed and a new one opened for the next send. Azure
 #: force-detaches a link with no send for 10 minutes ("AMQP errors in Azure Service Bus",
-#: Microsoft Learn): the SDK recovers a detached sender only by retrying, which a status
-#: event's 2-s budget does not allow (the reply queue was then taken for broken and its
-#: events dropped for a minute), and which holds any other send up ~2.6 s.
+#: Microsoft Learn): the SDK recovers a detached sender only by retrying after its back-off,
+#: which took 1.9 s of a status event's 2-s budget against the emulator, or failed past it
+#: (the reply queue is then taken for broken and its events dropped for a minute), and which
+#: holds any other send up as long (docs/scale.md, "Service Bus throttling, lost locks,
+#: dropped links").
 SENDER_IDLE_SECONDS = 9 * 60.0
 
 

@@ -341,6 +341,12 @@ class Connection(asyncio.Protocol):
 
         self._idle_check = self.loop.call_later(interval, check)
 
+    def restart_idle_check(self) -> None:
+        """The broker's ``link_idle_timeout`` changed: check at the new pace from now on."""
+        if self._idle_check is not None and not self._closing:
+            self._idle_check.cancel()
+            self._schedule_idle_check()
+
     def _schedule_heartbeat(self, interval: float) -> None:
         def beat() -> None:
             if self._closing:

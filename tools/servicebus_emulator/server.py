@@ -121,6 +121,8 @@ class EmulatorServer:
         """Force-detach a queue's link after this many seconds without a call (None: never; Azure: 600).
         Call it on the server's event loop."""
         self.link_idle_timeout = self.broker.link_idle_timeout = seconds
+        for connection in list(self.connections):
+            connection.restart_idle_check()
 
     @property
     def connection_string(self) -> str:
