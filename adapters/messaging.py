@@ -48,6 +48,11 @@ MAX_MESSAGE_ID = 128
 SENDER_IDLE_SECONDS = 9 * 60.0
 
 
+def _idle_too_long(used: float) -> bool:
+    """Whether a sender last used at ``used`` (monotonic seconds) is to be replaced (SENDER_IDLE_SECONDS)."""
+    return time.monotonic() - used >= SENDER_IDLE_SECONDS
+
+
 def agent_request_id(order_id: str, step: str, attempt: int) -> str:
     return f"{order_id}:{step}:{attempt}"
 
@@ -111,7 +116,7 @@ class Publisher:
     def _send(self, queue: str, message: AmqpAnnotatedMessage, kind: str, timeout: float | None = None) -> None:
         link = self._link(queue)
         with link.lock:
-            if link.sender is not None and time.monotonic() - link.used >= SENDER_IDLE_SECONDS:
+            if link.sender is not None and _idle_too_long(link.used):
                 link.close()  # Azure has detached its link by now, or is about to
             if link.sender is None:
                 link.sender = self.client.get_queue_sender(queue)
@@ -264,7 +269,7 @@ class AsyncPublisher:
         lock = self._locks.setdefault(queue, asyncio.Lock())
         async with lock:  # a sender is not safe for concurrent sends
             sender = self._senders.get(queue)
-            if sender is not None and time.monotonic() - self._used.get(queue, 0.0) >= SENDER_IDLE_SECONDS:
+            if sender is not None and _idle_too_long(self._used.get(queue, 0.0)):
                 del self._senders[queue]  # Azure has detached its link by now (SENDER_IDLE_SECONDS)
                 await _close_quietly(sender)
                 sender = None

@@ -189,9 +189,10 @@ class Session:
         if not ids and first == last and not settled:
             # Not one of ours (any more): say so now rather than let the client wait for an echo.
             self._echo(first, rejected(LOCK_LOST, "Unknown delivery, or its lock was lost."))
-        if ids:
-            self.unsettled[ids[0]][0].called()
-        drop = self._drop(self.unsettled[ids[0]][0]) if ids else None
+        settling = self.unsettled[ids[0]][0] if ids else None  # the link the settled deliveries came on
+        if settling is not None:
+            settling.called()
+        drop = self._drop(settling) if settling is not None else None
         if drop == "link":
             return
         updates = _property_updates(state, body) if ids else []
