@@ -16,11 +16,12 @@ name printable ASCII without a colon, no folded continuation line, nothing past 
 that ``http.client`` would decode any differently) becomes an ``HTTPMessage`` with the same
 headers (names and values, in the same order, ``set_raw`` as the parser sets them) without
 the parser; any other block, and any ``message/*`` answer (the parser reads its body as a
-message), goes to ``http.client.parse_headers`` exactly as before. One difference is left,
+message), goes to the parser exactly as ``http.client.parse_headers`` sends it (CPython 3.13's
+``parse_headers`` is ``_read_headers`` then ``_parse_header_lines``: this module calls the two). One difference is left,
 which nothing here reads (``lean_http`` and azure-core read the headers only): for a
 ``multipart/*`` answer the parser also records, in the message's ``defects``, that the block
 held no body parts; the lean message records none. The rest of ``begin`` (the status line,
-100 Continue, chunked, Content-Length, keep-alive) is CPython 3.11's, the app's runtime
+100 Continue, chunked, Content-Length, keep-alive) is CPython 3.13's, the app's runtime
 (infra/app/function-app.bicep), unchanged but for that one call; tests/unit/test_http_answer.py
 holds the two to the same result on generated answers and pins the code mirrored (a new
 Python version fails it until this module is checked against it).
@@ -58,24 +59,15 @@ def read_headers(fp) -> HTTPMessage:
     """``http.client.parse_headers(fp)``, without the ``email`` parser when the block is plain."""
     lines = http.client._read_headers(fp)  # noqa: SLF001 - the line reader parse_headers itself uses
     message = plain_headers(lines)
-    return message if message is not None else http.client.parse_headers(_Lines(lines))
-
-
-class _Lines:
-    """Header lines already read, served again to ``http.client.parse_headers``."""
-
-    def __init__(self, lines: list[bytes]) -> None:
-        self._lines = iter(lines)
-
-    def readline(self, limit: int = -1) -> bytes:
-        return next(self._lines, b"")
+    # parse_headers' own second half: the email parser over the lines read.
+    return message if message is not None else http.client._parse_header_lines(lines)  # noqa: SLF001
 
 
 class LeanHTTPResponse(http.client.HTTPResponse):
     """``HTTPResponse`` whose plain header blocks are read without the ``email`` parser."""
 
     def begin(self):
-        # CPython 3.11's HTTPResponse.begin, its debug output left out, but for the one line
+        # CPython 3.13's HTTPResponse.begin, its debug output left out, but for the one line
         # marked: read_headers instead of parse_headers.
         if self.headers is not None:
             return
@@ -126,7 +118,7 @@ class _OneSend:
     on a socket with a timeout is a ``poll`` and a ``send``, and each lets go of the GIL: under
     load, another thread takes it and this one waits to get it back (BENCHMARKS.md, "Where the
     CPU goes, and what was cut"). The bytes on the wire are the same. Any other body (a file, an
-    iterable, chunked) goes through ``http.client`` as it is; CPython 3.11's ``_send_output``,
+    iterable, chunked) goes through ``http.client`` as it is; CPython 3.13's ``_send_output``,
     which this mirrors for a ``bytes`` body, is pinned in tests/unit/test_http_answer.py."""
 
     _buffer: list[bytes]

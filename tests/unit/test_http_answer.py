@@ -114,12 +114,13 @@ def test_generated_answers_read_alike(headers, status, framing, method, content_
     _same(raw, method)
 
 
-#: The stdlib code adapters/http_answer.py mirrors, as reviewed on CPython 3.11 (the app's
+#: The stdlib code adapters/http_answer.py mirrors, as reviewed on CPython 3.13 (the app's
 #: runtime). A Python whose ``begin`` or ``parse_headers`` changed fails here: read the
 #: change, bring the module in line, then set the digest.
 MIRRORED = {
     "HTTPResponse.begin": (http.client.HTTPResponse.begin, "e06ec06b08"),
-    "parse_headers": (http.client.parse_headers, "38aa1ecf42"),
+    "parse_headers": (http.client.parse_headers, "b1714190c5"),
+    "_parse_header_lines": (http.client._parse_header_lines, "57040866e3"),
     "_read_headers": (http.client._read_headers, "6c136b6373"),
     "FeedParser._parse_headers": (email.feedparser.FeedParser._parse_headers, "68a180f6d4"),
     "Compat32.header_source_parse": (email._policybase.Compat32.header_source_parse, "40e079281d"),

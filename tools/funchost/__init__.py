@@ -12,6 +12,13 @@ see README.md (next to this file) for what it does and does not emulate.
 It imports nothing from the app it runs nor from the project around it.
 """
 
-from .host import READY_MARKER, STOPPED_MARKER, Host
-
 __all__ = ["READY_MARKER", "STOPPED_MARKER", "Host"]
+
+
+def __getattr__(name: str):
+    # Lazily: the worker process imports this package's ``rpc`` and ``worker`` modules only.
+    if name in __all__:
+        from . import host  # noqa: PLC0415
+
+        return getattr(host, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

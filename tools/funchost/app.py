@@ -1,28 +1,21 @@
-"""Load a v2-model Function app by path and read what each function needs, as the Python worker does.
+"""What the host makes of each function the worker indexed: its trigger and outputs, settings resolved.
 
-The worker imports ``function_app.py`` with the app directory on ``sys.path``, finds
-the one ``FunctionApp`` instance at module level, indexes it with ``get_functions()``
-(once: a second call raises a duplicate-name error) and checks every function's
-parameters against its bindings. This module does the same and returns, per
-function, a :class:`FunctionSpec`: the trigger and output bindings with their
-``%SETTING%`` references resolved, and how to build each argument.
+The worker (Microsoft's ``azure-functions-runtime``) imports ``function_app.py``, indexes it
+and checks each function's parameters against its bindings; it answers the host's
+``FunctionsMetadataRequest`` with every function's id, name and raw bindings (the JSON of
+function.json). This module reads those bindings as the Functions host does: ``%SETTING%``
+references resolved from the app settings, the trigger told apart from the outputs, the
+connection each binding uses, and whether this host can run the function at all (a trigger
+or binding it does not emulate puts that one function "in error"; the others run, as in Azure).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 import json
 import logging
-import sys
-import typing
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
-
-import azure.functions as func
-from azure.functions import meta
 
 from .config import ConfigError, resolve
 
@@ -49,7 +42,7 @@ DEFAULT_CONNECTIONS = {
 
 
 class AppLoadError(RuntimeError):
-    """The app could not be imported or indexed: no function can run."""
+    """The app could not be indexed: no function can run."""
 
 
 class FunctionLoadError(RuntimeError):
@@ -80,144 +73,42 @@ class Binding:
     def queue_name(self) -> str:
         return self.get("queueName")
 
-
-@dataclass(frozen=True)
-class Param:
-    """How to build one argument: the trigger value (``object``, ``str`` or ``bytes``), an Out, or the context."""
-
-    name: str
-    kind: str  # "trigger" | "out" | "context"
-    form: str = "object"
+    @property
+    def binary(self) -> bool:
+        """``dataType: binary`` (or ``stream``): the trigger's data goes to the worker as bytes, else as a string."""
+        return str(self.get("dataType") or "").lower() in ("binary", "stream")
 
 
 @dataclass
 class FunctionSpec:
+    """A function the host runs: its worker-assigned id, its trigger and its outputs."""
+
     name: str
-    function: func.Function
-    user_function: Callable[..., Any]
+    function_id: str
     trigger: Binding
     outputs: list[Binding]
-    params: list[Param]
-    return_binding: Binding | None = None
-    is_async: bool = False
-    extra: dict = field(default_factory=dict)
 
     @property
     def trigger_type(self) -> str:
         return self.trigger.type
 
 
-def import_app(app_dir: Path, script: str = "function_app.py") -> Any:
-    """Import ``function_app.py`` as the worker does and return its FunctionApp instance."""
-    app_dir = app_dir.resolve()
-    path = app_dir / script
-    if not path.is_file():
-        raise AppLoadError(f"no {script} in {app_dir}")
-    if str(app_dir) not in sys.path:
-        sys.path.insert(0, str(app_dir))
-    module_name = path.stem
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as error:
-        sys.modules.pop(module_name, None)
-        raise AppLoadError(f"importing {script} failed: {type(error).__name__}: {error}") from error
-    apps = [value for value in vars(module).values() if isinstance(value, func.FunctionRegister)]
-    if not apps:
-        raise AppLoadError(f"{script} defines no FunctionApp instance at module level")
-    if len({id(app) for app in apps}) > 1:
-        raise AppLoadError(f"{script} defines more than one FunctionApp instance; the worker accepts exactly one")
-    return apps[0]
-
-
-def index_functions(app: Any) -> list[func.Function]:
-    """``app.get_functions()``, called exactly once (a second call raises a duplicate-name error)."""
-    # get_functions() warns through the root logger that auth levels only apply to HTTP
-    # functions; that says nothing about a trigger-only app, so keep it out of the log.
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        return app.get_functions()
-    except ValueError as error:
-        raise AppLoadError(f"indexing the app failed: {error}") from error
-    finally:
-        logging.disable(previous)
-
-
-def _bindings(function: func.Function) -> list[dict]:
-    return json.loads(function.get_function_json())["bindings"]
-
-
-def _type_hints(user_function: Callable) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(user_function)
-    except Exception:  # unresolvable forward references: fall back to the raw annotations
-        return dict(getattr(user_function, "__annotations__", {}))
-
-
-def _is_out(annotation: Any) -> bool:
-    origin = typing.get_origin(annotation) or annotation
-    return isinstance(origin, type) and issubclass(origin, func.Out)
-
-
-def _trigger_form(name: str, binding_type: str, annotation: Any) -> str:
-    if annotation is inspect.Parameter.empty:
-        return "object"
-    if annotation in (str, bytes):
-        return annotation.__name__
-    converter = meta.get_binding_registry().get(binding_type)
-    try:
-        ok = converter is not None and converter.check_input_type_annotation(annotation)
-    except TypeError:
-        ok = False
-    if not ok:
-        shown = getattr(annotation, "__name__", repr(annotation))
-        raise FunctionLoadError(
-            name, f'type of binding "{binding_type}" does not match its Python annotation "{shown}"'
-        )
-    return "object"
-
-
-def _check_out_annotation(name: str, param: str, binding_type: str, annotation: Any) -> None:
-    args = typing.get_args(annotation)
-    if len(args) != 1:
-        raise FunctionLoadError(name, f"binding {param} has invalid Out annotation {annotation!r}")
-    inner = args[0]
-    if inner in (str, bytes, bytearray):
-        return
-    converter = meta.get_binding_registry().get(binding_type)
-    try:
-        ok = converter is not None and converter.check_output_type_annotation(inner)
-    except TypeError:
-        ok = False
-    if not ok:
-        shown = getattr(inner, "__name__", repr(inner))
-        raise FunctionLoadError(name, f'binding {param} of type "{binding_type}" cannot take Out[{shown}]')
-
-
-def build_spec(function: func.Function, environ: Mapping[str, str] | None = None) -> FunctionSpec:
-    """Check one function as the worker does and resolve its bindings; raise FunctionLoadError if it can't run."""
-    name = function.get_function_name()
-    user_function = function.get_user_function()
-    raw = _bindings(function)
+def build_spec(name: str, function_id: str, raw_bindings: list[str],
+               environ: Mapping[str, str] | None = None) -> FunctionSpec:
+    """Read one indexed function's bindings; raise FunctionLoadError if this host cannot run it."""
     trigger: Binding | None = None
     outputs: list[Binding] = []
-    by_name: dict[str, Binding] = {}
-    for item in raw:
+    for raw in raw_bindings:
+        item = json.loads(raw)
         try:
             properties = {key: resolve(value, environ) for key, value in item.items()}
         except ConfigError as error:
             raise FunctionLoadError(name, str(error)) from error
         binding = Binding(
-            name=item["name"],
-            type=item["type"],
-            direction=str(item.get("direction", "")).upper(),
+            name=item["name"], type=item["type"], direction=str(item.get("direction", "")).upper(),
             properties=properties,
         )
-        if binding.type.endswith("Trigger") or binding.type == "httpTrigger":
+        if binding.type.endswith("Trigger"):
             trigger = binding
         elif binding.direction == "OUT":
             outputs.append(binding)
@@ -225,7 +116,6 @@ def build_spec(function: func.Function, environ: Mapping[str, str] | None = None
             raise FunctionLoadError(
                 name, f'input binding "{binding.type}" ({binding.name}) is not supported by this host'
             )
-        by_name[binding.name] = binding
 
     if trigger is None:
         raise FunctionLoadError(name, "no trigger")
@@ -253,58 +143,7 @@ def build_spec(function: func.Function, environ: Mapping[str, str] | None = None
         raise FunctionLoadError(name, "queue trigger without queueName")
     if trigger.type == HTTP_TRIGGER and sum(1 for output in outputs if output.type == HTTP_OUTPUT) > 1:
         raise FunctionLoadError(name, "more than one http output binding")
-
-    hints = _type_hints(user_function)
-    signature = inspect.signature(user_function)
-    declared = dict(signature.parameters)
-    return_binding = by_name.pop("$return", None)
-    if return_binding is not None and return_binding.direction != "OUT":
-        raise FunctionLoadError(name, '"$return" binding must have direction set to "out"')
-
-    params: list[Param] = []
-    if "context" in declared and "context" not in by_name:
-        params.append(Param("context", "context"))
-        declared.pop("context")
-    missing_in_bindings = set(declared) - set(by_name)
-    if missing_in_bindings:
-        raise FunctionLoadError(
-            name,
-            f"the following parameters are declared in Python but not in the bindings: {sorted(missing_in_bindings)}",
-        )
-    missing_in_python = set(by_name) - set(declared)
-    if missing_in_python:
-        raise FunctionLoadError(
-            name, f"the following bindings are not parameters of the Python function: {sorted(missing_in_python)}"
-        )
-
-    for param_name in declared:
-        binding = by_name[param_name]
-        annotation = hints.get(param_name, inspect.Parameter.empty)
-        if binding is trigger:
-            if _is_out(annotation):
-                raise FunctionLoadError(name, f"trigger binding {param_name} cannot be annotated azure.functions.Out")
-            params.append(Param(param_name, "trigger", _trigger_form(name, trigger.type, annotation)))
-        else:
-            if annotation is not inspect.Parameter.empty:
-                if not _is_out(annotation):
-                    raise FunctionLoadError(
-                        name,
-                        f'binding {param_name} is declared to have the "out" direction, but its annotation '
-                        "in Python is not a subclass of azure.functions.Out",
-                    )
-                _check_out_annotation(name, param_name, binding.type, annotation)
-            params.append(Param(param_name, "out"))
-
-    return FunctionSpec(
-        name=name,
-        function=function,
-        user_function=user_function,
-        trigger=trigger,
-        outputs=outputs,
-        params=params,
-        return_binding=return_binding,
-        is_async=inspect.iscoroutinefunction(user_function),
-    )
+    return FunctionSpec(name=name, function_id=function_id, trigger=trigger, outputs=outputs)
 
 
 def is_disabled(name: str, environ: Mapping[str, str]) -> bool:

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     except HostStartError as error:
         log.error("%s", error)
         return 1
-    while not stop.wait(0.5):
+    while not stop.wait(0.5) and not host.failed.is_set():
         pass
     host.stop(args.drain_timeout)
-    return 0
+    return 1 if host.failed.is_set() else 0

@@ -31,6 +31,11 @@ HOST_OVERRIDE_PREFIX = "AzureFunctionsJobHost__"
 #: processed stays invisible, renewed at half-time. Azure's host uses 10 minutes, which
 #: is also how long a message taken by a crashed instance stays out of sight.
 QUEUE_LEASE_SETTING = "FUNCHOST_QUEUE_LEASE_SECONDS"
+#: This host's own knob too: how far apart the worker processes after the first start
+#: (``FUNCTIONS_WORKER_PROCESS_COUNT`` > 1). The Functions host's ``ProcessStartupInterval``
+#: is 10 s (its worker configuration can change it; an app setting cannot).
+WORKER_STARTUP_INTERVAL_SETTING = "FUNCHOST_WORKER_STARTUP_INTERVAL_SECONDS"
+DEFAULT_WORKER_STARTUP_INTERVAL = 10.0
 _PERCENT = re.compile(r"%([^%]+)%")
 
 _LOG_LEVELS = {
@@ -206,6 +211,22 @@ class HttpOptions:
     route_prefix: str = "api"
 
 
+#: ``functionTimeout`` when host.json sets none: 30 minutes on Flex Consumption, the plan the Bicep deploys
+#: (Microsoft Learn, "Azure Functions hosting options", function app time-out duration; "-1" lifts the limit).
+DEFAULT_FUNCTION_TIMEOUT = timedelta(minutes=30)
+
+
+def _function_timeout(value: Any) -> timedelta | None:
+    if value is None:
+        return DEFAULT_FUNCTION_TIMEOUT
+    if str(value).strip() == "-1":
+        return None
+    span = _span(value, "functionTimeout")
+    if span <= timedelta(0):
+        raise ConfigError(f"host.json functionTimeout must be positive (or -1 for none), got {value!r}")
+    return span
+
+
 @dataclass(frozen=True)
 class HostOptions:
     queues: QueueOptions
@@ -213,6 +234,10 @@ class HostOptions:
     log_level: int
     raw: dict
     http: HttpOptions = HttpOptions()
+    #: host.json ``functionTimeout``: past it an invocation fails and its worker restarts; None: no limit.
+    function_timeout: timedelta | None = DEFAULT_FUNCTION_TIMEOUT
+    #: Seconds between the starts of the worker processes after the first.
+    worker_startup_interval: float = DEFAULT_WORKER_STARTUP_INTERVAL
 
 
 def host_options(document: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> HostOptions:
@@ -271,5 +296,20 @@ def host_options(document: Mapping[str, Any], environ: Mapping[str, str] | None 
 
     default_level = _LOG_LEVELS.get(str(_get(levels, "default", "Information")).lower(), logging.INFO)
     return HostOptions(
-        queues=queue_options, service_bus=sb_options, log_level=default_level, raw=dict(document), http=http_options
+        queues=queue_options, service_bus=sb_options, log_level=default_level, raw=dict(document), http=http_options,
+        function_timeout=_function_timeout(_get(document, "functionTimeout")),
+        worker_startup_interval=_seconds(environ, WORKER_STARTUP_INTERVAL_SETTING, DEFAULT_WORKER_STARTUP_INTERVAL),
     )
+
+
+def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
+    text = environ.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError as error:
+        raise ConfigError(f"{name}: {text!r} is not a number of seconds") from error
+    if value < 0:
+        raise ConfigError(f"{name} cannot be negative")
+    return value

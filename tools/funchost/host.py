@@ -1,4 +1,4 @@
-"""The host: settings, the app, one listener per trigger, readiness, and a draining stop."""
+"""The host: settings, the worker processes, one listener per trigger, readiness, and a draining stop."""
 
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ from .app import (
     FunctionLoadError,
     FunctionSpec,
     build_spec,
-    import_app,
-    index_functions,
     is_disabled,
 )
+from .channel import AppIndexError, WorkerPool, process_count
 from .config import (
     HostOptions,
     apply_settings,
@@ -33,7 +32,7 @@ from .config import (
 )
 from .connections import Clients
 from .http_trigger import DEFAULT_PORT, HttpServer, HttpTriggerListener
-from .invoke import Invoker, Worker
+from .invoke import Invoker, worker_thread_count
 from .listener import Listener
 from .outputs import OutputSender
 from .queue_trigger import QueueTriggerListener
@@ -56,7 +55,8 @@ class Host:
     """Runs the functions of one app directory until stopped.
 
     ``load()`` reads local.settings.json into the environment (values already set win),
-    gives this process an instance id, reads host.json and indexes the app;
+    gives this process an instance id, reads host.json, starts the worker process (which
+    indexes the app) and loads the functions it will run into it;
     ``start()`` creates the queues the functions use and starts their listeners (and,
     when the app has HTTP functions, one HTTP server on loopback, on ``http_port``: else
     local.settings.json ``Host.LocalHttpPort``, else 7071; 0 for a free port);
@@ -83,7 +83,10 @@ class Host:
         self.listeners: list[Listener] = []
         self.instance_id = ""
         self._ready = threading.Event()
-        self._worker: Worker | None = None
+        #: Set when the host stops by itself (its workers kept failing), as the Functions host recycles.
+        self.failed = threading.Event()
+        self._workers: WorkerPool | None = None
+        self.thread_count = worker_thread_count(self.environ)
         self._clients: Clients | None = None
         self._outputs: OutputSender | None = None
         self.http_port = http_port
@@ -106,26 +109,42 @@ class Host:
         self.options = host_options(read_host_json(self.app_dir / "host.json", self.environ), self.environ)
         logging.getLogger().setLevel(self.options.log_level)
 
-        app = import_app(self.app_dir)
-        functions = index_functions(app)
-        names = [function.get_function_name() for function in functions]
+        self._workers = WorkerPool(
+            self.app_dir, self.environ, count=process_count(self.environ),
+            function_timeout=self.options.function_timeout.total_seconds() if self.options.function_timeout else None,
+            startup_interval=self.options.worker_startup_interval, on_give_up=self._give_up,
+        )
+        try:
+            functions = self._workers.index()
+        except AppIndexError as error:
+            raise AppLoadError(str(error)) from error
+        names = [function.name for function in functions]
         if self.only:
             unknown = self.only - set(names)
             if unknown:
+                self._workers.close(0)
                 raise AppLoadError(
                     f"no function named {', '.join(sorted(unknown))} in the app (it has {', '.join(names)})"
                 )
+        loaded = []
         for function in functions:
-            name = function.get_function_name()
+            name = function.name
             if self.only is not None and name not in self.only:
                 continue
             if is_disabled(name, self.environ):
                 log.info("Function %s is disabled (AzureWebJobs.%s.Disabled)", name, name)
                 continue
             try:
-                self.specs.append(build_spec(function, self.environ))
+                self.specs.append(build_spec(name, function.function_id, list(function.bindings), self.environ))
             except FunctionLoadError as error:
                 self.errors[name] = str(error)
+                continue
+            loaded.append(function)
+        try:
+            self._workers.load(loaded)
+        except Exception as error:
+            self._workers.close(0)
+            raise AppLoadError(f"loading the functions into the worker failed: {error}") from error
 
     # --- start ------------------------------------------------------------------------
 
@@ -144,12 +163,12 @@ class Host:
                     f"cannot listen on {self.http_port} for the HTTP functions: {error.strerror or error} "
                     "(use --port, or 0 for a free port)"
                 ) from error
-        self._worker = Worker(self.environ)
-        if self._worker.thread_count.warning:
-            log.warning("%s", self._worker.thread_count.warning)
+        assert self._workers is not None, "load() first"
+        if self.thread_count.warning:
+            log.warning("%s", self.thread_count.warning)
         self._clients = Clients(self.environ)
         self._outputs = OutputSender(self._clients, self.options.queues, self._notify_queue)
-        invoker = Invoker(self._outputs.send, self._worker, str(self.app_dir))
+        invoker = Invoker(self._outputs.send, self._workers)
         for spec in self.specs:
             try:
                 listener = self._listener(spec, invoker)
@@ -176,16 +195,13 @@ class Host:
         threading.Thread(target=self._announce_ready, name="funchost-ready", daemon=True).start()
 
     def concurrency(self) -> str:
-        """One line: the worker's shared pool (size and source), its event loop, and each trigger's limit."""
-        assert self._worker is not None, "start() first"
-        triggers = ", ".join(
-            f"{listener.name} ({'async' if listener.spec.is_async else 'sync'}) {listener.concurrency()}"
-            for listener in self.listeners
-        )
+        """One line: the worker processes, the runtime's shared pool in each (size and source), and each trigger's limit."""
+        assert self._workers is not None, "load() first"
+        triggers = ", ".join(f"{listener.name} {listener.concurrency()}" for listener in self.listeners)
         return (
-            f"concurrency: sync functions share one thread pool of {self._worker.max_workers} "
-            f"({self._worker.thread_count.source}); async functions share one event loop; "
-            f"per trigger: {triggers or 'none'}"
+            f"concurrency: {self._workers.count} worker process(es); in each, sync functions share one thread "
+            f"pool of {self.thread_count.max_workers} ({self.thread_count.source}) and async functions one "
+            f"event loop; per trigger: {triggers or 'none'}"
         )
 
     def _listener(self, spec: FunctionSpec, invoker: Invoker) -> Listener:
@@ -215,16 +231,25 @@ class Host:
                     waiting = [item.name for item in self.listeners if not item.ready.is_set()]
                     log.info("still waiting for %s to start receiving", ", ".join(waiting))
         log.info(
-            "%s functions=%d errors=%d instance=%s sync_threads=%d%s startup=%.1fs",
+            "%s functions=%d errors=%d instance=%s sync_threads=%d%s workers=%s startup=%.1fs",
             READY_MARKER,
             len(self.listeners),
             len(self.errors),
             self.instance_id,
-            self._worker.max_workers if self._worker else 0,
+            self.thread_count.max_workers,
             f" http={self._http.url}" if self._http else "",
+            ",".join(str(pid) for pid in self.worker_pids),
             time.monotonic() - started,
         )
         self._ready.set()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The worker processes' ids (they run the functions; this process is the host's side)."""
+        return self._workers.pids if self._workers else []
+
+    def _give_up(self, reason: str) -> None:
+        self.failed.set()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         return self._ready.wait(timeout)
@@ -241,8 +266,8 @@ class Host:
         ended = True
         for listener in self.listeners:
             ended &= listener.join(timeout=max(0.0, deadline - time.monotonic()) + 15.0)
-        if self._worker:
-            self._worker.close()  # invocations still queued for a thread: their messages are settled by now
+        if self._workers:
+            self._workers.close()  # their invocations' messages are settled by now
         if self._outputs:
             self._outputs.close()
         if self._clients:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 import http.server
+import json
 import logging
 import re
 import socketserver
@@ -55,11 +56,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from azure.functions.http import HttpRequest
-
 from .app import FunctionLoadError, FunctionSpec
 from .invoke import Invoker, TriggerValue
 from .listener import Listener
+from .rpc import protos
+from .servicebus_message import merge_body_fields
 
 log = logging.getLogger("funchost")
 
@@ -516,24 +517,49 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         listener, route_params = found
         host = self.headers.get("Host") or f"{LOOPBACK}:{self.owner.port}"
         url = f"http://{host}{parts.path}" + (f"?{parts.query}" if parts.query else "")
-        request = HttpRequest(
-            method=method,
-            url=url,
-            headers=_headers(self.headers.items()),
-            params=_query(parts.query),
-            route_params=route_params,
-            body_type="bytes",
-            body=body,
-        )
-        return listener.handle(request, body, parts.path)
+        headers = _headers(self.headers.items())
+        query = _query(parts.query)
+        # The runtime asks for the body alone, as bytes (RpcHttpBodyOnly, RawHttpBodyBytes); the host sends
+        # one only when the request has a Content-Length above 0 (a chunked request's body is not sent).
+        sent = body if _content_length(self.headers) > 0 else b""
+        request = protos.RpcHttp(method=method, url=url, headers=headers, query=query, params=route_params)
+        if sent:
+            request.body.CopyFrom(protos.TypedData(bytes=sent))
+        metadata = http_binding_data(sent, parts.query, route_params, headers)
+        return listener.handle(request, metadata, parts.path)
+
+
+def _content_length(headers: Any) -> int:
+    try:
+        return int(headers.get("Content-Length") or 0)
+    except ValueError:
+        return 0
 
 
 def _headers(items: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """Header names lower-cased, repeated headers joined with ',' (as the host's StringValues)."""
+    """Header names lower-cased, repeated headers joined with ',' (as the host's ``ToRpcHttp``)."""
     headers: dict[str, list[str]] = {}
     for name, value in items:
         headers.setdefault(name.lower(), []).append(value)
     return {name: ",".join(values) for name, values in headers.items()}
+
+
+def http_binding_data(body: bytes, query: str, route_params: Mapping[str, str],
+                      headers: Mapping[str, str]) -> dict[str, Any]:
+    """The HTTP trigger's binding data as the host sends it to a worker that removed the request from it
+    (``RpcHttpTriggerMetadataRemoved``): the body's top-level JSON fields, each query parameter but ``code``,
+    each route parameter, then ``Query`` and ``Headers`` as JSON (names ignore case; a later one wins)."""
+    metadata: dict[str, Any] = {}
+    if body:
+        merge_body_fields(metadata, body.decode("utf-8", errors="replace"))
+    entries = [(name, protos.TypedData(string=value)) for name, value in _query(query).items() if name != "code"]
+    entries += [(name, protos.TypedData(string=value)) for name, value in route_params.items()]
+    entries.append(("Query", protos.TypedData(json=json.dumps(_query(query), separators=(",", ":")))))
+    entries.append(("Headers", protos.TypedData(json=json.dumps(dict(headers), separators=(",", ":")))))
+    by_lower = {key.lower(): key for key in metadata}
+    for name, value in entries:
+        metadata[by_lower.setdefault(name.lower(), name)] = value
+    return metadata
 
 
 def _query(query: str) -> dict[str, str]:
@@ -546,21 +572,71 @@ def _query(query: str) -> dict[str, str]:
 
 
 def reply_from(value: Any) -> HttpReply:
-    """The HTTP reply for what a function set on its http output (already encoded by the worker's converter)."""
+    """The HTTP reply for what a function set on its http output (a ``TypedData`` from the worker)."""
     if value is None:
         return HttpReply(200)  # the host's OkResult when the function set no response
-    if value.type == "string":
-        return HttpReply(200, [("Content-Type", "text/plain; charset=utf-8")], value.value.encode("utf-8"))
-    fields: Mapping[str, Any] = value.value
-    status = int(fields["status_code"].value)
-    headers = [(name, str(datum.value)) for name, datum in fields["headers"].items()]
-    for cookie in fields.get("cookies") or ():
-        for morsel in cookie.values():
-            headers.append(("Set-Cookie", morsel.OutputString()))
-    body = fields["body"].value if fields.get("body") is not None else b""
-    if isinstance(body, str):
-        body = body.encode("utf-8")
-    return HttpReply(status, headers, bytes(body or b""))
+    kind = value.WhichOneof("data")
+    if kind != "http":  # a bare value: the body of a 200 answer
+        return HttpReply(200, [("Content-Type", _text_type(None))], _body_bytes(value))
+    response = value.http
+    try:
+        status = int(response.status_code)  # the host's int.TryParse: empty or not a number is 200
+    except ValueError:
+        status = 200
+    headers = [(name, text) for name, text in response.headers.items() if name.lower() != "content-type"]
+    content_type = next((text for name, text in response.headers.items() if name.lower() == "content-type"), None)
+    body = response.body if response.HasField("body") else None
+    if body is not None and body.WhichOneof("data") in ("string", "json", "int", "double"):
+        content_type = _text_type(content_type)  # a text body is written as a string, in UTF-8
+    if content_type is not None:
+        headers.insert(0, ("Content-Type", content_type))
+    headers += [("Set-Cookie", _set_cookie(cookie)) for cookie in response.cookies]
+    return HttpReply(status, headers, _body_bytes(body) if body is not None else b"")
+
+
+def _text_type(content_type: str | None) -> str:
+    """The Content-Type of a string body: the one given or ``text/plain``, with ``; charset=utf-8`` (ASP.NET Core's)."""
+    content_type = content_type or "text/plain"
+    return content_type if "charset=" in content_type.lower() else f"{content_type}; charset=utf-8"
+
+
+def _body_bytes(value: Any) -> bytes:
+    kind = value.WhichOneof("data")
+    if kind in ("bytes", "stream"):
+        return bytes(getattr(value, kind))
+    if kind in ("string", "json"):
+        return getattr(value, kind).encode("utf-8")
+    if kind in ("int", "double"):
+        return str(getattr(value, kind)).encode("utf-8")
+    return b""
+
+
+_SAME_SITE = {
+    protos.RpcHttpCookie.SameSite.Lax: "lax",
+    protos.RpcHttpCookie.SameSite.Strict: "strict",
+    protos.RpcHttpCookie.SameSite.ExplicitNone: "none",
+}
+
+
+def _set_cookie(cookie: Any) -> str:
+    """An ``RpcHttpCookie`` as a Set-Cookie header (ASP.NET Core's ``CookieOptions``, as the host appends it)."""
+    parts = [f"{cookie.name}={cookie.value}"]
+    if cookie.HasField("domain"):
+        parts.append(f"domain={cookie.domain.value}")
+    if cookie.HasField("path"):
+        parts.append(f"path={cookie.path.value}")
+    if cookie.HasField("expires"):
+        moment = cookie.expires.value.ToDatetime()
+        parts.append(f"expires={moment.strftime('%a, %d %b %Y %H:%M:%S GMT')}")
+    if cookie.HasField("max_age"):
+        parts.append(f"max-age={int(cookie.max_age.value)}")
+    if cookie.HasField("secure") and cookie.secure.value:
+        parts.append("secure")
+    if cookie.same_site in _SAME_SITE:
+        parts.append(f"samesite={_SAME_SITE[cookie.same_site]}")
+    if cookie.HasField("http_only") and cookie.http_only.value:
+        parts.append("httponly")
+    return "; ".join(parts)
 
 
 class HttpTriggerListener(Listener):
@@ -603,12 +679,12 @@ class HttpTriggerListener(Listener):
         if self._in_flight:
             log.warning("%s: %d request(s) still running at the shutdown deadline", self.name, self._in_flight)
 
-    def handle(self, request: HttpRequest, body: bytes, path: str) -> HttpReply:
+    def handle(self, request: Any, metadata: Mapping[str, Any], path: str) -> HttpReply:
         with self._idle:
             self._in_flight += 1
         try:
             details = f"method={request.method} path={path}"
-            outcome = self.invoker.invoke(self.spec, TriggerValue(request, body, details))
+            outcome = self.invoker.invoke(self.spec, TriggerValue(protos.TypedData(http=request), metadata, details))
         finally:
             with self._idle:
                 self._in_flight -= 1

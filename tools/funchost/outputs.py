@@ -1,21 +1,26 @@
-"""Output bindings: send what a function set on its ``func.Out`` (or returned for ``$return``).
+"""Output bindings: send what the worker answered for a function's ``func.Out`` (or its ``$return``).
 
-- Storage queue (``queue``): ``str``, ``bytes``, ``func.QueueMessage`` or a list of
-  them (one message each), encoded as host.json ``messageEncoding`` says. The queue is
-  created when missing, as the Functions host does.
-- Service Bus queue (``serviceBus``): ``str`` or ``bytes``, one message, as the Python
-  worker accepts.
+The worker's runtime encodes each value as ``TypedData`` (``azure.functions``' converters:
+a queue output's ``str`` as a string, ``bytes`` as bytes, a ``func.QueueMessage`` or a
+list as JSON; a Service Bus output's ``str`` or ``bytes``); the host turns it back into
+messages as its extensions do:
+
+- Storage queue (``queue``): a string or bytes is one message; a JSON array one message
+  per item (a string item as its text, any other item as its JSON); other JSON one
+  message of that JSON text. Each is encoded as host.json ``messageEncoding`` says. The
+  queue is created when missing, as the Functions host does.
+- Service Bus queue (``serviceBus``): one message of the string, bytes or JSON text.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import azure.functions as func
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.servicebus import ServiceBusMessage, ServiceBusSender
 
@@ -53,22 +58,25 @@ def ensure_queue(clients: Clients, setting: str, queue_name: str) -> None:
         pass
 
 
+def _text(value: Any) -> str | bytes:
+    """One ``TypedData`` as a message body: a string or bytes as it is, anything else as its text."""
+    kind = value.WhichOneof("data")
+    if kind in ("string", "json"):
+        return getattr(value, kind)
+    if kind in ("bytes", "stream"):
+        return bytes(getattr(value, kind))
+    if kind in ("int", "double"):
+        return str(getattr(value, kind))
+    raise TypeError(f"an output binding cannot send TypedData of kind {kind}")
+
+
 def _queue_items(value: Any) -> list[str | bytes]:
-    if isinstance(value, (str, bytes, bytearray)):
-        return [value]
-    if isinstance(value, func.QueueMessage):
-        return [value.get_body()]
-    if isinstance(value, Iterable) and not isinstance(value, dict):
-        items: list[str | bytes] = []
-        for item in value:
-            if isinstance(item, (str, bytes, bytearray)):
-                items.append(item)
-            elif isinstance(item, func.QueueMessage):
-                items.append(item.get_body())
-            else:
-                raise TypeError(f"invalid data type in output queue message list: {type(item).__name__}")
-        return items
-    raise TypeError(f"a queue output takes str, bytes, QueueMessage or a list of them, not {type(value).__name__}")
+    """The messages a queue output sends for one ``TypedData``: a JSON array is one message per item."""
+    if value.WhichOneof("data") == "json":
+        parsed = json.loads(value.json)
+        if isinstance(parsed, list):
+            return [item if isinstance(item, str) else json.dumps(item, separators=(",", ":")) for item in parsed]
+    return [_text(value)]
 
 
 class OutputSender:
@@ -94,7 +102,7 @@ class OutputSender:
             self._send_queue(binding, value)
         elif binding.type == SERVICE_BUS_OUTPUT:
             self._send_servicebus(binding, value)
-        else:  # build_spec only admits the two kinds above
+        else:  # build_spec admits only the two kinds above
             raise TypeError(f"unsupported output binding {binding.type}")
 
     def _send_queue(self, binding: Binding, value: Any) -> None:
@@ -115,10 +123,7 @@ class OutputSender:
         self._on_queue_message(binding.queue_name)
 
     def _send_servicebus(self, binding: Binding, value: Any) -> None:
-        if isinstance(value, bytearray):
-            value = bytes(value)
-        if not isinstance(value, (str, bytes)):
-            raise TypeError(f"a Service Bus output takes str or bytes, not {type(value).__name__}")
+        value = _text(value)
         key = (binding.connection, binding.queue_name)
         with self._lock:
             if key not in self._senders:

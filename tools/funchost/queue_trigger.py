@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
@@ -34,9 +35,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from azure.core.exceptions import AzureError, ResourceNotFoundError
-from azure.functions.queue import QueueMessage as FunctionQueueMessage
 from azure.storage.queue import QueueMessage as StorageMessage
 
 from .app import FunctionSpec
@@ -45,6 +46,8 @@ from .connections import Clients
 from .invoke import Invoker, Running, TriggerValue
 from .listener import Listener
 from .outputs import decode_queue_text, ensure_queue
+from .rpc import protos
+from .servicebus_message import merge_body_fields
 from .queue_rest import lean_queue
 
 log = logging.getLogger("funchost")
@@ -261,17 +264,8 @@ class QueueTriggerListener(Listener):
             body = decode_queue_text(message.content or "", self._options.message_encoding)
         except ValueError:
             return f"its body is not valid {self._options.message_encoding}"
-        rich = FunctionQueueMessage(
-            id=message.id,
-            body=body,
-            dequeue_count=count,
-            expiration_time=message.expires_on,
-            insertion_time=message.inserted_on,
-            time_next_visible=message.next_visible_on,
-            pop_receipt=message.pop_receipt,
-        )
         details = f"queue={self.queue_name} message_id={message.id} dequeue_count={count}"
-        return TriggerValue(rich, body, details)
+        return TriggerValue(trigger_data(body, self.spec.trigger.binary), binding_data(message, body, count), details)
 
     def _on_return(self, lease: _Lease, handled: Future, running: Running) -> None:
         """On the thread that ran the function (the worker's): the rest goes to one of this trigger's threads."""
@@ -351,6 +345,50 @@ class QueueTriggerListener(Listener):
             ensure_queue(self._clients, self._setting, name)
         except AzureError as error:
             log.warning("creating queue %s failed: %s", name, _short(error))
+
+
+# --- what goes to the worker ------------------------------------------------------------------
+
+
+def trigger_data(body: bytes, binary: bool) -> protos.TypedData:
+    """The message as the Storage Queues extension binds it for the worker: bytes for ``dataType: binary``,
+    else its text (``BinaryData.ToString()``: UTF-8, invalid bytes replaced)."""
+    if binary:
+        return protos.TypedData(bytes=body)
+    return protos.TypedData(string=body.decode("utf-8", errors="replace"))
+
+
+def _json_date(moment: datetime | None) -> protos.TypedData | None:
+    """A ``DateTimeOffset`` as the host's JSON writer (Newtonsoft.Json) writes it: ``yyyy-MM-ddTHH:mm:ss.FFFFFFF+00:00``."""
+    if moment is None:
+        return None
+    text = moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    if moment.microsecond:
+        text += f".{moment.microsecond:06d}".rstrip("0")
+    return protos.TypedData(json=json.dumps(text + "+00:00"))
+
+
+def binding_data(message: StorageMessage, body: bytes, count: int) -> dict[str, protos.TypedData]:
+    """The trigger's binding data (the extension's ``QueueTriggerBinding.CreateBindingData``; ``QueueTrigger``
+    only for a body that is valid UTF-8), then the top-level fields of a JSON body (the host's
+    ``Utility.ApplyBindingData``, as for a Service Bus message)."""
+    try:
+        text: str | None = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    entries = {
+        "QueueTrigger": None if text is None else protos.TypedData(string=text),
+        "DequeueCount": protos.TypedData(json=str(count)),
+        "ExpirationTime": _json_date(message.expires_on),
+        "Id": protos.TypedData(string=message.id),
+        "InsertionTime": _json_date(message.inserted_on),
+        "NextVisibleTime": _json_date(message.next_visible_on),
+        "PopReceipt": protos.TypedData(string=message.pop_receipt) if message.pop_receipt else None,
+    }
+    metadata = {name: value for name, value in entries.items() if value is not None}
+    if text is not None:
+        merge_body_fields(metadata, text)
+    return metadata
 
 
 def _short(error: BaseException) -> str:

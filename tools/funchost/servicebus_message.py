@@ -1,7 +1,8 @@
-"""What the Azure Functions host and the Python worker hand a Python function for one Service Bus message.
+"""What the Azure Functions host sends the Python worker for one Service Bus message.
 
 In Azure the message goes through four hands before the function sees it, and each
-one shapes it (sources in README.md, "What a Service Bus function receives"):
+one shapes it (sources in README.md, "What a Service Bus function receives"); this
+module does the host's three, and the worker process the fourth:
 
 1. the Functions host's .NET client (``Azure.Messaging.ServiceBus`` on
    ``Microsoft.Azure.Amqp``) reads the AMQP message, strictly by type: a message id
@@ -21,14 +22,15 @@ one shapes it (sources in README.md, "What a Service Bus function receives"):
    replaces the message's) and sends each value over gRPC as the worker's
    ``TypedData``: strings as strings, everything else as JSON (Newtonsoft.Json:
    dates without an offset, byte arrays as base64, ...);
-4. the Python worker decodes them with ``azure.functions``
-   (``ServiceBusMessageInConverter.decode``), which this module calls itself.
+4. the Python worker decodes them: Microsoft's ``azure-functions-runtime`` with
+   ``azure.functions`` (``ServiceBusMessageInConverter.decode``), in the worker process.
 
-:func:`function_message` does all four, from the bytes the broker sent (exact) or,
+:func:`function_message` does the first three, from the bytes the broker sent (exact) or,
 failing those, from the SDK's decoded message (approximate: see
-:func:`from_sdk_message`). A message that cannot get through raises a
-:class:`ConversionError` whose ``reason`` and ``description`` the listener
-dead-letters it with.
+:func:`from_sdk_message`), and returns the ``TypedData`` of the trigger and of each binding
+data entry as the host sends them over FunctionRpc. A message that cannot get through the
+host raises a :class:`ConversionError` whose ``reason`` and ``description`` the listener
+dead-letters it with; one the worker cannot decode fails its invocation there, as in Azure.
 """
 
 from __future__ import annotations
@@ -45,12 +47,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from azure.functions import meta
-from azure.functions.servicebus import ServiceBusMessage as FunctionMessage
-from azure.functions.servicebus import ServiceBusMessageInConverter
-
 from . import amqp
 from .amqp import NULL, Value
+from .rpc import protos
+
+#: One value as the host sends it over FunctionRpc (``TypedData``: a string, JSON text or bytes).
+Datum = Any
+
+
+def _datum(value: Any, kind: str) -> Any:
+    return protos.TypedData(**{kind: value})
+
 
 # --- failures -------------------------------------------------------------------------
 
@@ -562,7 +569,7 @@ def _expires_at(net: NetMessage) -> NetDateTime:
     return NetDateTime(enqueued.ticks + net.ttl_ms * 10_000).as_offset()
 
 
-def binding_data(net: NetMessage) -> dict[str, meta.Datum]:
+def binding_data(net: NetMessage) -> dict[str, Datum]:
     """``ServiceBusTriggerBindingStrategy.GetBindingData`` for one message, each value as the host's
     ``ToRpc`` sends it (null values are not sent). The MessageActions/Client objects are not reproduced."""
     entries: list[tuple[str, Any]] = []
@@ -588,7 +595,7 @@ def binding_data(net: NetMessage) -> dict[str, meta.Datum]:
     add("Subject", lambda: _string_text(net.subject))
     add("Label", lambda: _string_text(net.subject))
     add("CorrelationId", lambda: _string_text(net.correlation_id))
-    properties = meta.Datum(json.dumps(net.application_properties, ensure_ascii=False, allow_nan=False), "json")
+    properties = _datum(json.dumps(net.application_properties, ensure_ascii=False, allow_nan=False), "json")
     add("ApplicationProperties", lambda: properties)
     add("UserProperties", lambda: properties)
     add("SessionId", lambda: _string_text(net.session_id))
@@ -598,22 +605,22 @@ def binding_data(net: NetMessage) -> dict[str, meta.Datum]:
     return {name: datum for name, datum in entries if datum is not None}
 
 
-def _string(raw: bytes | None) -> meta.Datum | None:
-    return None if raw is None else meta.Datum(_utf8(raw), "string")
+def _string(raw: bytes | None) -> Datum | None:
+    return None if raw is None else _datum(_utf8(raw), "string")
 
 
-def _string_text(text: str | None) -> meta.Datum | None:
-    return None if text is None else meta.Datum(text, "string")
+def _string_text(text: str | None) -> Datum | None:
+    return None if text is None else _datum(text, "string")
 
 
-def _json_int(value: int | None) -> meta.Datum | None:
+def _json_int(value: int | None) -> Datum | None:
     if value is None:
         raise _Throws  # (int)null
-    return meta.Datum(str(value), "json")
+    return _datum(str(value), "json")
 
 
-def _json_date(value: NetDateTime) -> meta.Datum:
-    return meta.Datum(json.dumps(value.json()), "json")
+def _json_date(value: NetDateTime) -> Datum:
+    return _datum(json.dumps(value.json()), "json")
 
 
 # --- 3. the trigger value -----------------------------------------------------------------
@@ -694,23 +701,23 @@ def _newtonsoft_date(text: str) -> str | None:
     return moment.strftime("%m/%d/%Y %H:%M:%S")
 
 
-def _field_datum(value: Any) -> meta.Datum | None:
+def _field_datum(value: Any) -> Datum | None:
     """``ConvertPropertyValue`` then ``ToRpc``: an object stays JSON, anything else becomes ``(string)JValue``."""
     if value is None:
         return None
     if isinstance(value, dict):
-        return meta.Datum(json.dumps(value, ensure_ascii=False, separators=(",", ":")), "json")
+        return _datum(json.dumps(value, ensure_ascii=False, separators=(",", ":")), "json")
     if isinstance(value, bool):
-        return meta.Datum("True" if value else "False", "string")
+        return _datum("True" if value else "False", "string")
     if isinstance(value, int):
-        return meta.Datum(str(value), "string")
+        return _datum(str(value), "string")
     if isinstance(value, float):
-        return meta.Datum(net_double(value), "string")
+        return _datum(net_double(value), "string")
     text = str(value)
-    return meta.Datum(_newtonsoft_date(text) or text, "string")
+    return _datum(_newtonsoft_date(text) or text, "string")
 
 
-def merge_body_fields(metadata: dict[str, meta.Datum], text: str) -> None:
+def merge_body_fields(metadata: dict[str, Datum], text: str) -> None:
     """Add (or replace, ignoring case) a binding data entry per top-level field of a JSON object body."""
     trimmed = text.strip()
     if not ((trimmed.startswith("{") and trimmed.endswith("}")) or (trimmed.startswith("[") and trimmed.endswith("]"))):
@@ -732,60 +739,30 @@ def merge_body_fields(metadata: dict[str, meta.Datum], text: str) -> None:
         metadata[key] = datum
 
 
-# --- 5. the worker ----------------------------------------------------------------------
-
-#: A DateTime as the Functions host writes one without an offset (``NetDateTime.json``, Kind not Utc):
-#: the binding data's ``EnqueuedTimeUtc`` and ``ExpiresAtUtc``.
-_LOCAL_DATE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?")
-
-
-class _WorkerConverter(ServiceBusMessageInConverter, binding=None):
-    """The worker's ``ServiceBusMessageInConverter``, reading the host's own date form in one step.
-
-    ``azure.functions`` parses each date of the binding data by trying twelve UTC formats with
-    ``strptime`` before the local one the host's form matches; thirteen formats overflow
-    ``strptime``'s cache of five compiled patterns, so every try compiles its pattern again:
-    ~0.3 ms of CPU per message for its two dates here (Azure's Python worker runs the same code). For that
-    form exactly, :meth:`_parse_datetime` returns what the library would (the naive
-    ``datetime``, digits past the sixth of the fraction dropped as its ``too_fractional`` step
-    drops them); any other text, and a value ``datetime`` refuses, goes to the library's parse.
-    """
-
-    @classmethod
-    def _parse_datetime(cls, datetime_str: str | None) -> datetime.datetime | None:
-        match = _LOCAL_DATE.fullmatch(datetime_str) if isinstance(datetime_str, str) else None
-        if match is not None:
-            fraction = (match[7] or "")[:6].ljust(6, "0")
-            try:
-                return datetime.datetime(*(int(match[i]) for i in range(1, 7)), int(fraction))
-            except ValueError:
-                pass
-        return super()._parse_datetime(datetime_str)
+# --- what goes to the worker ----------------------------------------------------------------
 
 
 @dataclass
 class Converted:
-    message: FunctionMessage
-    body: bytes
+    """The trigger's ``TypedData`` and the binding data (``trigger_metadata``), as the host sends them."""
+
+    data: Datum
+    metadata: dict[str, Datum]
     message_id: str | None
+    delivery_count: int | None
 
 
 def convert(net: NetMessage, *, data_type: str | None = None, parameter: str = "msg") -> Converted:
-    """Steps 2 to 4 and the worker's decode, for a message the .NET client could read."""
+    """Steps 2 and 3 for a message the .NET client could read."""
     metadata = binding_data(net)
     value = trigger_value(net, data_type, parameter)
     if isinstance(value, str):
         merge_body_fields(metadata, value)
-        data = meta.Datum(value, "string")
+        data = _datum(value, "string")
     else:
-        data = meta.Datum(value, "bytes")
-    try:
-        message = _WorkerConverter.decode(data, trigger_metadata=metadata)
-    except Exception as error:  # what the worker reports as the invocation's failure
-        raise BindingFailed(
-            f"the Python worker (azure.functions) cannot decode it: {type(error).__name__}: {error}"
-        ) from error
-    return Converted(message, message.get_body(), net.message_id)
+        data = _datum(value, "bytes")
+    count = net.delivery_count
+    return Converted(data, metadata, net.message_id, count)
 
 
 def function_message(
@@ -796,7 +773,7 @@ def function_message(
     data_type: str | None = None,
     parameter: str = "msg",
 ) -> Converted:
-    """The ``azure.functions.ServiceBusMessage`` the real host and worker would hand the function.
+    """What the Functions host sends the worker for the message: its data and binding data.
 
     ``payload`` is the message's bytes as the broker sent them (exact); without them the
     SDK's decoded message is used (approximate, see :func:`from_sdk_message`).

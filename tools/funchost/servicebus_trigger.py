@@ -18,8 +18,9 @@ nor its log line wait for the pump's receive call to end. Before, a thread per m
 worker and handed the result on: two more thread switches per message, ~2 ms of the host's
 CPU per order of the project's app (BENCHMARKS.md, "Where the CPU goes, and what was cut").
 
-The function gets what the Functions host and the Python worker would hand it for the
-message (``servicebus_message``, from the bytes the broker sent: ``servicebus_wire``).
+The worker gets what the Functions host would send it for the message (``servicebus_message``,
+from the bytes the broker sent: ``servicebus_wire``), and Microsoft's runtime makes of it the
+``azure.functions.ServiceBusMessage`` the function receives.
 A message that cannot be handed over (one the host's .NET client cannot read, that
 cannot be bound to the parameter, or that this host cannot convert) is dead-lettered
 at once with a reason and a description naming the cause, and logged; the function is
@@ -39,7 +40,6 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from azure.functions.servicebus import ServiceBusMessage as FunctionMessage
 from azure.servicebus import ServiceBusReceivedMessage, ServiceBusReceiveMode, ServiceBusReceiver
 from azure.servicebus.exceptions import (
     ServiceBusCommunicationError,
@@ -66,25 +66,6 @@ RECEIVE_WAIT_SECONDS = 0.5
 #: growing the backoff: Azure asks to "wait 2 seconds" and a Standard namespace's credits come back
 #: every second (https://learn.microsoft.com/azure/service-bus-messaging/service-bus-throttling).
 THROTTLED_WAIT_SECONDS = 2.0
-
-
-# --- ServiceBusReceivedMessage -> azure.functions.ServiceBusMessage ------------------
-
-
-def to_function_message(
-    message: ServiceBusReceivedMessage,
-    payload: bytes | None = None,
-    *,
-    data_type: str | None = None,
-    parameter: str = "msg",
-) -> FunctionMessage:
-    """The ``azure.functions.ServiceBusMessage`` the Functions host and Python worker hand a function for
-    this message (see ``servicebus_message``); ``payload`` is the message as the broker sent it, when known.
-
-    Raises :class:`~.servicebus_message.ConversionError` when it cannot be handed over (the listener
-    dead-letters it with the error's reason and description).
-    """
-    return function_message(payload, message, data_type=data_type, parameter=parameter).message
 
 
 def _shown_id(message: ServiceBusReceivedMessage) -> str:
@@ -205,7 +186,7 @@ class ServiceBusTriggerListener(Listener):
         self._executor = ThreadPoolExecutor(
             max_workers=options.max_concurrent_calls, thread_name_prefix=f"servicebus-{spec.name}"
         )
-        self._parameter = next((p.name for p in spec.params if p.kind == "trigger"), spec.trigger.name)
+        self._parameter = spec.trigger.name
         if not options.auto_complete_messages:
             log.warning(
                 "%s: autoCompleteMessages=false needs SDK-type bindings to settle messages; "
@@ -340,10 +321,10 @@ class ServiceBusTriggerListener(Listener):
         except Exception as error:  # an input this host did not foresee: its limit, not the app's
             log.exception("%s: converting message %s failed", self.name, _shown_id(delivery.message))
             return self._cannot_convert(delivery, LocalConversionFailed(f"{type(error).__name__}: {error}"))
-        rich = converted.message
-        shown = rich.message_id if len(rich.message_id or "") <= 200 else f"{rich.message_id[:200]}…"
-        details = f"queue={self.queue_name} message_id={shown} delivery_count={rich.delivery_count}"
-        return TriggerValue(rich, converted.body, details)
+        message_id = converted.message_id or ""
+        shown = message_id if len(message_id) <= 200 else f"{message_id[:200]}…"
+        details = f"queue={self.queue_name} message_id={shown} delivery_count={converted.delivery_count}"
+        return TriggerValue(converted.data, converted.metadata, details)
 
     def _returned(self, delivery: _Delivery, running: Running) -> None:
         """On the thread that ran the function (the worker's), once it returned: an invocation with

@@ -22,11 +22,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import UTC, datetime, timedelta
 
-from azure.functions.timer import TimerRequest
-
 from .app import FunctionSpec
 from .invoke import Invoker, TriggerValue
 from .listener import Listener
+from .rpc import protos
 from .schedule import CronSchedule, Schedule, parse_schedule
 
 log = logging.getLogger("funchost")
@@ -90,10 +89,13 @@ class TimerTriggerListener(Listener):
                 "LastUpdated": _now().isoformat(),
             }
         schedule_info = {"AdjustForDST": isinstance(self.schedule, CronSchedule)}
-        rich = TimerRequest(past_due=past_due, schedule_status=status, schedule=schedule_info)
-        body = json.dumps({"Schedule": schedule_info, "ScheduleStatus": status, "IsPastDue": past_due}).encode()
+        # The extension's TimerInfo as the host's JSON writer sends it to the worker.
+        body = json.dumps({"Schedule": schedule_info, "ScheduleStatus": status, "IsPastDue": past_due})
         details = f"scheduled={scheduled.isoformat(timespec='seconds')} past_due={past_due}"
-        future = self._executor.submit(self.invoker.invoke, self.spec, TriggerValue(rich, body, details))
+        # Its one binding data entry: the local time of the run as .NET's DateTime.ToString() writes it (invariant).
+        now = {"TimerTrigger": protos.TypedData(string=datetime.now().strftime("%m/%d/%Y %H:%M:%S"))}
+        trigger = TriggerValue(protos.TypedData(json=body), now, details)
+        future = self._executor.submit(self.invoker.invoke, self.spec, trigger)
         self._last = scheduled
         while not future.done():
             wait([future], timeout=0.5)

@@ -132,7 +132,8 @@ async def queue_record(msg: func.QueueMessage, context: func.Context) -> str:
         record("queue_record", "fail", id=msg.id, dequeue_count=msg.dequeue_count)
         raise RuntimeError(f"failing on purpose (dequeue {msg.dequeue_count})")
     record("queue_record", "done", id=msg.id)
-    return command.get("out")
+    # Never None: Microsoft's runtime cannot encode None for a queue output, and fails the invocation.
+    return command.get("out", "")
 
 
 @app.queue_trigger(arg_name="msg", queue_name="%FH_SYNC_QUEUE%", connection="AzureWebJobsStorage")
