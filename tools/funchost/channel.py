@@ -30,7 +30,6 @@ import itertools
 import logging
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -215,7 +214,7 @@ class WorkerChannel:
                  "--functions-grpc-max-message-length", str(MAX_MESSAGE_LENGTH)]
         self.started_at = time.monotonic()
         # The worker writes to the host's own stdout and stderr (before its stream opens, and if it fails).
-        self.process = subprocess.Popen(args, cwd=self.app_dir, env=env, preexec_fn=_die_with_parent)
+        self.process = subprocess.Popen(args, cwd=self.app_dir, env=env)
         log.info("worker %d: process %d started (worker id %s)", self.number, self.process.pid, self.worker_id)
         threading.Thread(target=self._watch, name=f"funchost-worker-{self.number}-watch", daemon=True).start()
 
@@ -363,16 +362,6 @@ class WorkerChannel:
         for future, _, _ in pending.values():
             if not future.done():
                 future.set_exception(error)
-
-
-def _die_with_parent() -> None:
-    """In the worker before it runs: SIGKILL when the host dies (Linux), so a killed host leaves no worker."""
-    try:
-        import ctypes  # noqa: PLC0415
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # elsewhere the worker exits when its stream to the host ends
 
 
 _RPC_LEVELS = {

@@ -519,21 +519,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         url = f"http://{host}{parts.path}" + (f"?{parts.query}" if parts.query else "")
         headers = _headers(self.headers.items())
         query = _query(parts.query)
-        # The runtime asks for the body alone, as bytes (RpcHttpBodyOnly, RawHttpBodyBytes); the host sends
-        # one only when the request has a Content-Length above 0 (a chunked request's body is not sent).
-        sent = body if _content_length(self.headers) > 0 else b""
+        # The runtime asks for the body alone, as bytes (RpcHttpBodyOnly, RawHttpBodyBytes). The host sends one
+        # when the request's Content-Length is above 0; in Azure a chunked request arrives with its length set
+        # and its body is sent (under Core Tools it is not: Azure/azure-functions-python-worker#574), so here too.
+        sent = body
         request = protos.RpcHttp(method=method, url=url, headers=headers, query=query, params=route_params)
         if sent:
             request.body.CopyFrom(protos.TypedData(bytes=sent))
         metadata = http_binding_data(sent, parts.query, route_params, headers)
         return listener.handle(request, metadata, parts.path)
-
-
-def _content_length(headers: Any) -> int:
-    try:
-        return int(headers.get("Content-Length") or 0)
-    except ValueError:
-        return 0
 
 
 def _headers(items: Iterable[tuple[str, str]]) -> dict[str, str]:

@@ -245,7 +245,22 @@ class Worker:
         return reply
 
 
+def _die_with_parent() -> None:
+    """SIGKILL when the host dies (Linux), so a killed host leaves no worker behind; elsewhere the worker
+    exits when its stream to the host ends."""
+    parent = os.getppid()
+    try:
+        import ctypes  # noqa: PLC0415
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the host died before the line above
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _die_with_parent()
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)-7s [worker {args.worker_id[:8]}] %(message)s")

@@ -179,3 +179,21 @@ def rewritten_on_the_wire(*replacements: tuple[bytes, bytes]) -> Iterator[None]:
         yield
     finally:
         pyamqp_sender.encode_payload = original
+
+
+def as_the_worker_decodes(converted, binding: str = "serviceBusTrigger", pytype=None):
+    """What Microsoft's runtime hands the function for what the host sends (a ``servicebus_message.Converted``):
+    the runtime's own decoding (``azure_functions_runtime.bindings.meta.from_incoming_proto``), in this process."""
+    import azure.functions as func
+    from azure_functions_runtime.bindings import meta
+
+    from tools.funchost.rpc import protos
+
+    meta.load_binding_registry()
+    return meta.from_incoming_proto(
+        binding,
+        protos.ParameterBinding(name="msg", data=converted.data),
+        pytype=pytype or func.ServiceBusMessage,
+        trigger_metadata=dict(converted.metadata),
+        function_name="test",
+    )

@@ -46,7 +46,21 @@ def test_an_app_that_fails_to_import_stops_the_host_with_the_reason(tmp_path):
     )
     result = run_host("--app-dir", str(tmp_path))
     assert result.returncode == 1
-    assert "importing function_app.py failed: RuntimeError: broken on import" in result.stderr
+    assert "the worker could not load the app: RuntimeError: broken on import" in result.stderr
+
+
+def test_an_app_the_runtime_refuses_to_index_stops_the_host_with_the_runtime_s_reason(tmp_path):
+    # Microsoft's runtime checks every function's parameters against its bindings when it indexes
+    # the app; one function it refuses and no function runs (the worker's init fails, as in Azure).
+    (tmp_path / "function_app.py").write_text(
+        "import azure.functions as func\napp = func.FunctionApp()\n"
+        "@app.queue_trigger(arg_name='msg', queue_name='q', connection='AzureWebJobsStorage')\n"
+        "def handler(msg: int) -> None: ...\n"
+    )
+    result = run_host("--app-dir", str(tmp_path))
+    assert result.returncode == 1
+    assert "the worker could not load the app: FunctionLoadError: cannot load the handler function: " in result.stderr
+    assert "do not match the corresponding function parameter's Python type annotation int" in result.stderr
 
 
 def test_settings_file_values_apply_and_environment_variables_win(funchost, tmp_path):

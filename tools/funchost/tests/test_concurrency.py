@@ -81,7 +81,7 @@ def test_a_host_without_the_setting_runs_the_default_pool_and_says_so(funchost, 
     assert host.sync_threads == default_thread_count()
     line = host.wait_for_log(r"concurrency: .*").group(0)
     assert f"one thread pool of {default_thread_count()} ({THREAD_COUNT_SETTING} not set" in line
-    assert "tick (sync) 1 (runs never overlap)" in line
+    assert "tick 1 (runs never overlap)" in line
     # The timer's sync function ran on the worker's pool.
     (ran,) = eventually(lambda: records(tmp_path, "tick_on_startup"), what="the start-up timer run")
     assert ran["function"] == "tick_on_startup"
@@ -111,8 +111,8 @@ def test_sync_functions_of_two_triggers_share_one_pool_of_python_threadpool_thre
     assert host.sync_threads == 2
     line = host.wait_for_log(r"concurrency: .*").group(0)
     assert f"one thread pool of 2 ({THREAD_COUNT_SETTING}=2)" in line
-    assert "sb_record (sync) maxConcurrentCalls=4" in line
-    assert "queue_sync (sync) batchSize=4 + newBatchThreshold=2 = 6" in line
+    assert "sb_record maxConcurrentCalls=4" in line
+    assert "queue_sync batchSize=4 + newBatchThreshold=2 = 6" in line
 
     _send(servicebus_emulator, storage_connection_string, names, sb=4, sync_queue=4, body='{"sleep": 1}')
 
@@ -120,7 +120,7 @@ def test_sync_functions_of_two_triggers_share_one_pool_of_python_threadpool_thre
     assert len(starts) == 8, "a message was handed to a function twice"
     assert {r["function"] for r in dones} == set(SYNC)
     assert most_at_once(starts, dones) == 2
-    assert {r["thread"].split("_")[0] for r in starts} == {"worker-sync"}
+    assert {r["thread"].split("_")[0] for r in starts} == {"ThreadPoolExecutor-0"}  # the runtime's one pool
     assert [i.outcome for i in host.invocations()] == ["Succeeded"] * 8
 
 
@@ -138,7 +138,7 @@ def test_async_functions_run_on_the_event_loop_beside_a_full_sync_pool(
 
     starts, dones = _all_done(tmp_path, 4, "queue_record")
     assert most_at_once(starts, dones) == 4
-    assert {r["thread"] for r in starts} == {"funchost-event-loop"}
+    assert {r["thread"] for r in starts} == {"MainThread"}  # the worker's event loop
     (sync_done,) = eventually(lambda: records(tmp_path, "sb_record", "done"), what="the sync function to finish")
     # They started while the only sync thread was taken.
     assert max(datetime.fromisoformat(r["at"]) for r in starts) < datetime.fromisoformat(sync_done["at"])
