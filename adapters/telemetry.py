@@ -52,6 +52,14 @@ from core.models import Nudge
 
 log = logging.getLogger(__name__)
 
+#: The Azure SDKs log every HTTP request and AMQP link event at INFO. In Azure the Python runtime sends
+#: each record of the app's process to the Functions host, and Application Insights would keep one trace
+#: per storage request; locally they would flood the host log. Their warnings and errors still go.
+SDK_LOGGERS = ("azure.core", "azure.servicebus", "azure.storage", "azure.data.tables", "azure.identity",
+               "azure.monitor")
+for _name in SDK_LOGGERS:
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
 _PROPAGATOR = TraceContextTextMapPropagator()
 _SCOPE = names.TELEMETRY_SERVICE
 #: Spans reach the local file this long after they end, at most (OTEL_BSP_SCHEDULE_DELAY overrides).

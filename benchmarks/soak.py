@@ -409,7 +409,7 @@ def recognised_writes(logs: list[Path]) -> dict[str, int]:
     found: Counter = Counter()
     for path in logs:
         for line in path.read_text(errors="replace").splitlines():
-            if "recognised by its write id" in line and "[adapters.store]" in line:
+            if "recognised by its write id" in line:
                 found[line.split(": the ", 1)[1].split(" ", 1)[0]] += 1
     return dict(found)
 

@@ -400,6 +400,7 @@ class WorkerPool:
         self._ready: list[WorkerChannel] = []
         self._waiting: list[tuple[Any, concurrent.futures.Future, str]] = []
         self._errors: list[float] = []
+        self._given_up = False
         self._round = itertools.count()
         self._lock = threading.Lock()
         self._restart_lock = threading.Lock()
@@ -511,9 +512,9 @@ class WorkerPool:
 
     def _exited(self, channel: WorkerChannel, code: int) -> None:
         with self._lock:
+            was_ready = channel in self._ready or channel.dropped
             if channel in self._ready:
                 self._ready.remove(channel)
-            was_ready = channel.ready or channel.dropped
             if channel in self._channels and not channel.in_flight():
                 self._channels.remove(channel)
         if self._closing.is_set() or not was_ready:
@@ -537,6 +538,12 @@ class WorkerPool:
         if given_up:
             log.error("Exceeded language worker restart retry count for runtime:%s. Shutting down and proactively "
                       "recycling the Functions Host to recover (%s)", RUNTIME_NAME, reason)
+            self._given_up = True
+            with self._lock:
+                waiting, self._waiting = self._waiting, []
+            for _, future, _ in waiting:  # no worker will run them: they fail now, their triggers retry
+                if not future.done():
+                    future.set_exception(WorkerError("the host is stopping: its workers kept failing"))
             self._on_give_up(reason)
             return
         self._restart()
@@ -558,7 +565,7 @@ class WorkerPool:
 
     def _send(self, request: Any, future: concurrent.futures.Future, function_name: str) -> None:
         with self._lock:
-            if self._closing.is_set():
+            if self._closing.is_set() or self._given_up:
                 future.set_exception(WorkerError("the host is stopping"))
                 return
             if not self._ready:

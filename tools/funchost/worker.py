@@ -195,10 +195,12 @@ class Worker:
             for message in stub.EventStream(replies()):
                 self._loop.call_soon_threadsafe(self._received, message)
         except grpc.RpcError as error:
-            print(f"funchost worker {self.worker_id}: the stream to the host ended: {error.code().name}",
+            # The host went away (stopped, killed): exit now, from this thread, whatever the event loop and
+            # the functions are doing; the host has settled, or will redeliver, what they held.
+            print(f"funchost worker {self.worker_id}: the stream to the host ended ({error.code().name}); exiting",
                   file=sys.stderr, flush=True)
-        finally:
-            self._loop.call_soon_threadsafe(self._end)
+            os._exit(0)
+        self._loop.call_soon_threadsafe(self._end)
 
     def _end(self) -> None:
         if self._ended is not None and not self._ended.done():
@@ -245,22 +247,7 @@ class Worker:
         return reply
 
 
-def _die_with_parent() -> None:
-    """SIGKILL when the host dies (Linux), so a killed host leaves no worker behind; elsewhere the worker
-    exits when its stream to the host ends."""
-    parent = os.getppid()
-    try:
-        import ctypes  # noqa: PLC0415
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the host died before the line above
-        os._exit(1)
-
-
 def main(argv: list[str] | None = None) -> int:
-    _die_with_parent()
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)-7s [worker {args.worker_id[:8]}] %(message)s")
