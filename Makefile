@@ -2,16 +2,34 @@
 # Each installs what it needs on a fresh machine: a virtualenv with the pinned
 # Python packages (requirements*.txt) and Azurite from npm (package-lock.json).
 
-PYTHON ?= python3
+# Python 3.13: the version the app runs on in Azure (infra/app/function-app.bicep) and the one
+# Microsoft's azure-functions-runtime, which runs the functions here too, needs. PYTHON=... picks
+# one; else devtools/find-python looks on PATH and among pyenv's installed versions.
+PYTHON ?= $(shell devtools/find-python)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+define NO_PYTHON
+No Python 3.13 found (on PATH as python3.13 or python3, or installed by pyenv).
+Install one, then run make again, for example:
+  pyenv install 3.13        (https://github.com/pyenv/pyenv)
+  sudo apt-get install python3.13 python3.13-venv     (Debian 13, Ubuntu 24.10+; or the deadsnakes PPA)
+  brew install python@3.13  (macOS)
+or name one: make PYTHON=/path/to/python3.13 ...
+endef
+export NO_PYTHON
 
-.PHONY: demo test run soak bench setup browser clean
+.PHONY: demo test run soak bench setup browser clean python-check
 
-setup: $(VENV)/.installed node_modules/.installed local.settings.json
+setup: python-check $(VENV)/.installed node_modules/.installed local.settings.json
+
+# A virtualenv made with another Python is made again.
+python-check:
+	@if [ -z "$(PYTHON)" ]; then echo "$$NO_PYTHON" >&2; exit 1; fi
+	@$(PYTHON) -c 'import sys; sys.exit("make needs Python 3.13 (PYTHON=$(PYTHON) is " + sys.version.split()[0] + ")") if sys.version_info[:2] != (3, 13) else None'
+	@if [ -e $(PY) ] && ! $(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 13))' 2>/dev/null; then \
+		echo "$(VENV) was made with another Python: making it again with $(PYTHON)"; rm -rf $(VENV); fi
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
-	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11 or newer is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	@touch $@

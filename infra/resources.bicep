@@ -14,7 +14,7 @@
 //   │                                   remote service, agent-responses, alerts)
 //   ├─ Log Analytics + Application Insights (Entra ID ingestion only; the app reads
 //   │                                        its own spans for the operator page)
-//   ├─ Flex Consumption plan + function app (Linux, Python 3.11)
+//   ├─ Flex Consumption plan + function app (Linux, Python 3.13)
 //   ├─ action group (email) + metric alerts (dead letters, operator alerts)
 //   │  + log search alerts on the app's metrics (deadline-miss rate, compensation rate)
 //   └─ a workbook of the orders over time (states, deadline misses, compensations per step)

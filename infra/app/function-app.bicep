@@ -1,4 +1,4 @@
-// The function app on the Flex Consumption plan (FC1): Linux, Python 3.11, running as
+// The function app on the Flex Consumption plan (FC1): Linux, Python 3.13, running as
 // the user-assigned identity. The deployment package sits in a blob container the
 // platform reads with that identity, and every connection the host and the app open
 // is identity-based: app settings carry names and a client id, never a key.
@@ -90,9 +90,13 @@ resource app 'Microsoft.Web/sites@2024-04-01' = {
         maximumInstanceCount: maximumInstanceCount
         instanceMemoryMB: instanceMemoryMB
       }
+      // Python 3.13 is GA on Flex Consumption (Microsoft Learn, "Supported languages in Azure Functions",
+      // read 2026-11-29). From 3.13 the Python runtime is the azure-functions-runtime package, pinned in
+      // requirements.txt ("Changes and guidance for Python 3.13+ in Azure Functions": pinning is
+      // recommended for production); it is what runs the functions locally too (tools/funchost).
       runtime: {
         name: 'python'
-        version: '3.11'
+        version: '3.13'
       }
     }
   }

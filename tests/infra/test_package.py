@@ -206,7 +206,7 @@ def tracked_files() -> list[str]:
         ("/*", "core/models.py", False, False, True),  # go-gitignore's anchored-name reading
         ("__pycache__/", "core/__pycache__", True, True, True),
         ("__pycache__/", "core/__pycache__", False, False, False),
-        ("*.pyc", "core/__pycache__/models.cpython-311.pyc", False, True, True),
+        ("*.pyc", "core/__pycache__/models.cpython-313.pyc", False, True, True),
         ("/core/**", "core/models.py", False, True, True),
         ("/core/**", "core", True, False, True),
         ("docs/*.md", "docs/deploy.md", False, True, True),
@@ -231,10 +231,10 @@ def test_the_package_is_exactly_the_app(tmp_path):
     copy = tmp_path / "repo"
     tracked = tracked_files()
     junk = [
-        "myenv/pyvenv.cfg", "myenv/lib/python3.11/site-packages/requests/__init__.py", "myenv/bin/python",
-        ".venv/pyvenv.cfg", ".venv/lib/python3.11/site-packages/azure/functions/__init__.py",
-        "core/__pycache__/models.cpython-311.pyc", "adapters/__pycache__/store.cpython-311.pyc",
-        "scheduler/dispatch.pyc", "__pycache__/function_app.cpython-311.pyc",
+        "myenv/pyvenv.cfg", "myenv/lib/python3.13/site-packages/requests/__init__.py", "myenv/bin/python",
+        ".venv/pyvenv.cfg", ".venv/lib/python3.13/site-packages/azure/functions/__init__.py",
+        "core/__pycache__/models.cpython-313.pyc", "adapters/__pycache__/store.cpython-313.pyc",
+        "scheduler/dispatch.pyc", "__pycache__/function_app.cpython-313.pyc",
         "demo-output/run.png", "local.settings.json", ".azure/dev/.env", ".pytest_cache/README.md",
         "node_modules/azurite/package.json", "notes.txt",
     ]

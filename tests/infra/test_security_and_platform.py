@@ -81,16 +81,16 @@ def test_application_insights_takes_entra_id_tokens_only(deployment, deployed_se
     assert auth.text == "'ClientId=${identityClientId};Authorization=AAD'"
 
 
-def test_function_app_is_flex_consumption_linux_python_311(deployment):
+def test_function_app_is_flex_consumption_linux_python_313(deployment):
     plan = only(deployment, "Microsoft.Web/serverfarms")
     assert plan.body["sku"] == {"tier": "FlexConsumption", "name": "FC1"}
     assert plan.properties["reserved"] is True
     site = only(deployment, "Microsoft.Web/sites")
     assert site.body["kind"] == "functionapp,linux"
     config = site.properties["functionAppConfig"]
-    assert config["runtime"] == {"name": "python", "version": "3.11"}
+    assert config["runtime"] == {"name": "python", "version": "3.13"}
     requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
-    assert requires == ">=3.11", "the deployed runtime is the tested Python version"
+    assert requires == ">=3.13", "the deployed runtime is the tested Python version"
     assert site.properties["httpsOnly"] is True
     assert site.properties["siteConfig"]["minTlsVersion"] == "1.2"
 

@@ -45,7 +45,8 @@ _READY = re.compile(
     re.escape(READY_MARKER)
     + r" functions=(\d+) errors=(\d+) instance=(\S+)(?: sync_threads=(\d+))?(?: http=(http://\S+))?"
 )
-_EXECUTED = re.compile(r"Executed 'Functions\.([^']+)' \((Succeeded|Failed), Id=([^,]+), Duration=(\d+)ms\)(?: Cpu=([\d.]+)ms)?(.*)")
+_EXECUTED = re.compile(r"Executed 'Functions\.([^']+)' \((Succeeded|Failed), Id=([^,]+), Duration=(\d+)ms\)(.*)")
+_WORKER_READY = re.compile(r"\[funchost\] worker (\d+): ready \(process (\d+)\)")
 
 
 class HostError(AssertionError):
@@ -59,8 +60,6 @@ class Invocation:
     invocation_id: str
     duration_ms: int
     details: str
-    #: The CPU time the function itself used (the log line's ``Cpu=``).
-    cpu_ms: float = 0.0
 
     @property
     def succeeded(self) -> bool:
@@ -144,10 +143,13 @@ class HostProcess:
         for line in self.log_text().splitlines():
             match = _EXECUTED.search(line)
             if match and (function is None or match[1] == function):
-                found.append(
-                    Invocation(match[1], match[2], match[3], int(match[4]), match[6].strip(), float(match[5] or 0))
-                )
+                found.append(Invocation(match[1], match[2], match[3], int(match[4]), match[5].strip()))
         return found
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The process ids of the worker processes that became ready, in order (a restarted one is a new id)."""
+        return [int(match[2]) for match in _WORKER_READY.finditer(self.log_text())]
 
     def send_signal(self, signum: int) -> None:
         if self.running:

@@ -7,7 +7,8 @@ Every invocation appends a JSON line to ``$FH_RECORD_DIR/<instance id>.jsonl`` s
 test can see what each host process received. The message body steers the function:
 ``{"fail": true}`` raises (after setting the outputs), ``{"sleep": 2}`` sleeps first,
 ``{"sleep_first": 30}`` sleeps on the first delivery only, ``{"out": "text"}`` sets
-the outputs. Queue names and the schedule are app settings
+the outputs, ``{"crash": true}`` (``{"crash_first": true}``: on the first delivery only)
+ends the worker process where it stands. Queue names and the schedule are app settings
 (``%FH_...%``); a test switches off what it does not need with
 ``AzureWebJobs.<name>.Disabled``.
 """
@@ -92,6 +93,8 @@ def sb_record(msg: func.ServiceBusMessage, to_queue: func.Out[str], to_bus: func
         metadata=msg.metadata,
         thread=threading.current_thread().name,
     )
+    if command.get("crash") or (command.get("crash_first") and msg.delivery_count == 1):
+        os._exit(3)  # the worker process dies mid-invocation, as a crash would
     if "sleep" in command:
         time.sleep(float(command["sleep"]))
     if "sleep_first" in command and msg.delivery_count == 1:
