@@ -5,7 +5,9 @@ Compensation has its own file (test_compensation.py)."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from collections import Counter
 
 from adapters.wiring import services
@@ -91,6 +93,28 @@ def test_agent_killed_mid_call_is_recovered_on_another_host(stack):
     assert len(ships) == 2 and ships[0].instance == first.instance_id != ships[1].instance
     assert_processed_once(stack, ["k-1"])
     assert stack.remote.effects()["services"]["shipping"]["replays"] >= 1
+
+
+def test_a_worker_process_killed_mid_call_is_started_again_by_its_host_and_the_order_finishes_once(stack):
+    # The worker process dies while its agent's ship call is in flight (the host lives on): the
+    # invocation fails, its request message is abandoned and delivered again to the worker the
+    # host starts in its place, which sends the same key again; the remote replays its answer.
+    stack.remote.set_faults(script={"w-1/ship": ["slow"]}, slow_seconds=6)
+    (host,) = stack.start_hosts(STEP_TIMEOUT_SECONDS="20", REMOTE_CALL_TIMEOUT_SECONDS="10")
+    stack.send([("w-1", order_json("w-1"))])
+    wait_until(lambda: stack.remote.effects()["services"]["shipping"]["in_flight"] >= 1, timeout=20,
+               what="the agent's ship call to be in flight")
+    (worker,) = host.worker_pids
+    os.kill(worker, signal.SIGKILL)
+
+    state = stack.wait_closed(["w-1"], timeout=40)["w-1"]
+    assert state.process_state is ProcessState.PROCESSED
+    assert len(host.worker_pids) == 2 and host.running  # a new worker, the same host
+    ships = [c for c in stack.claims("w-1") if c.step == "ship"]
+    assert len(ships) == 1, "the redelivered request ran the same attempt: no new claim"
+    assert_processed_once(stack, ["w-1"])
+    assert stack.remote.effects()["services"]["shipping"]["replays"] >= 1
+    assert "Language Worker Process exited" in host.log_text()
 
 
 def test_a_step_that_cannot_be_undone_ends_in_error_when_it_gives_up_and_is_not_retried(stack):
