@@ -12,6 +12,7 @@ from core import names
 from core.models import CANCEL_MESSAGE_ID_RULE, cancel_message_id
 from core.schema import CANCEL_SCHEMA_PATH
 from tests import ROOT
+from tests.infra.markdown import section
 
 DEPLOY = ROOT / "docs" / "deploy.md"
 
@@ -42,10 +43,8 @@ def test_deploy_docs_scope_the_clients_sender_role_to_each_client_queue():
 
 
 def test_the_cancel_message_id_rule_is_stated_once_and_as_the_code_computes_it():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("\n## Cancelling an order from any Service Bus client"):]
-    section = section[: section.index("\n## ", 1)]
-    assert f"`{CANCEL_MESSAGE_ID_RULE}`" in section
-    assert f"`{cancel_message_id('o-1002')}`" in section and 'message_id="cancel:o-1002"' in section
+    text = section(ROOT / "docs" / "clients.md", "Cancelling an order from any Service Bus client")
+    assert f"`{CANCEL_MESSAGE_ID_RULE}`" in text
+    assert f"`{cancel_message_id('o-1002')}`" in text and 'message_id="cancel:o-1002"' in text
     schema = json.loads(CANCEL_SCHEMA_PATH.read_text(encoding="utf-8"))
     assert CANCEL_MESSAGE_ID_RULE in schema["properties"]["order_id"]["description"]

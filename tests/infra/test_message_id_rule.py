@@ -1,5 +1,5 @@
 """One MessageId rule for order messages, stated the same everywhere and computed by one
-function (``core.models.message_id_for``): the README's "Sending orders" (its table and
+function (``core.models.message_id_for``): docs/clients.md, "Sending orders" (its table and
 its ten-line client, whose hashing lines are run here), the published schema, docs/,
 ``ordersctl send-order`` and the senders of the demo, the soak and the benchmarks."""
 
@@ -11,6 +11,7 @@ import re
 from core.models import MESSAGE_ID_RULE, OrderRequest, message_id_for
 from devtools.orders import bad_order_message, load_bad_orders, order_message
 from tests import ROOT
+from tests.infra.markdown import section
 
 #: How the old rule was worded: a client that follows it has a corrected resend dropped.
 STALE = re.compile(
@@ -20,37 +21,35 @@ STALE = re.compile(
 )
 
 
-def _section(text: str, heading: str) -> str:
-    start = text.index(f"\n## {heading}")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end != -1 else len(text)]
+#: Where the clients' contract lives: the orders queue's, the events' and the cancels'.
+CLIENTS = ROOT / "docs" / "clients.md"
 
 
-def _readme_sending_orders() -> str:
-    return _section((ROOT / "README.md").read_text(encoding="utf-8"), "Sending orders from any Service Bus client")
+def _sending_orders() -> str:
+    return section(CLIENTS, "Sending orders from any Service Bus client")
 
 
-def _readme_client_hashing() -> dict:
-    """The README's plain-SDK client, run up to (not including) the Service Bus calls."""
-    (code,) = [block for block in re.findall(r"```python\n(.*?)```", _readme_sending_orders(), re.DOTALL)
+def _client_hashing() -> dict:
+    """The page's plain-SDK client, run up to (not including) the Service Bus calls."""
+    (code,) = [block for block in re.findall(r"```python\n(.*?)```", _sending_orders(), re.DOTALL)
                if "\nwith ServiceBusClient" in block]
     hashing = code.split("\nwith ServiceBusClient")[0]
     hashing = "\n".join(line for line in hashing.splitlines() if not line.startswith("from azure"))
     namespace: dict = {}
-    exec(compile(hashing, "README.md (Sending orders)", "exec"), namespace)  # noqa: S102 - our own README
+    exec(compile(hashing, "docs/clients.md (Sending orders)", "exec"), namespace)  # noqa: S102 - our own docs
     return namespace
 
 
-def test_the_readme_client_computes_what_message_id_for_computes():
-    client = _readme_client_hashing()
+def test_the_documented_client_computes_what_message_id_for_computes():
+    client = _client_hashing()
     assert client["message_id"] == message_id_for(client["order"]["order_id"], client["body"].encode())
 
 
-def test_the_readme_table_states_the_rule_and_its_example_is_the_client_s_message_id():
-    (row,) = [line for line in _readme_sending_orders().splitlines() if line.startswith("| `MessageId` |")]
+def test_the_contract_table_states_the_rule_and_its_example_is_the_client_s_message_id():
+    (row,) = [line for line in _sending_orders().splitlines() if line.startswith("| `MessageId` |")]
     assert MESSAGE_ID_RULE in row
     (example,) = re.findall(r"e\.g\. `([^`]+)`", row)
-    assert example == _readme_client_hashing()["message_id"]
+    assert example == _client_hashing()["message_id"]
 
 
 def test_the_published_schema_states_the_same_rule():

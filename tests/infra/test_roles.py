@@ -120,7 +120,7 @@ SENDING_ROLES = {"Azure Service Bus Data Sender", "Azure Service Bus Data Owner"
 
 
 def test_only_the_app_identity_may_send_to_the_internal_queues(deployment):
-    """README, "Failure handling": the checks on internal messages are defence in depth;
+    """docs/failure-handling.md: the checks on internal messages are defence in depth;
     the guarantee is that, as deployed, no one but the app can send to those queues
     (shared keys are off: test_security_and_platform.py)."""
     senders = {

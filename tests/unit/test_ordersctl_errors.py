@@ -1,4 +1,4 @@
-"""ordersctl keeps README "Operate"'s contract on bad input and refusals: exit 0 ok, 1 a
+"""ordersctl keeps the contract of docs/operate.md ("ordersctl") on bad input and refusals: exit 0 ok, 1 a
 clear failure (one ``error: ...`` line on stderr, no traceback), 2 a usage error; and input
 it can check is checked before any connection is opened.
 
