@@ -125,7 +125,7 @@ def _table_service(connection: str | None, endpoint: str | None, client_id: str 
 
 
 def archive_container(settings: Settings):
-    """The archive's blob container (README "Retention"): in ``ArchiveStorage``'s account
+    """The archive's blob container (docs/retention.md): in ``ArchiveStorage``'s account
     when set (a connection string locally, ``ArchiveStorage__blobServiceUri`` with the identity
     ``ArchiveStorage__clientId`` names in Azure), else in the host's ``AzureWebJobsStorage``
     account (its connection string, or ``__blobServiceUri`` / ``__accountName``)."""

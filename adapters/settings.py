@@ -32,7 +32,7 @@ PositiveSeconds = Annotated[float, Field(gt=0)]
 
 
 class Settings(BaseSettings):
-    """Every setting the app reads, by its app-setting name (see README "Settings")."""
+    """Every setting the app reads, by its app-setting name (see docs/settings.md)."""
 
     model_config = SettingsConfigDict(env_ignore_empty=True, extra="ignore", populate_by_name=False)
 
@@ -54,7 +54,7 @@ class Settings(BaseSettings):
     #: Fixed for the deployment's life: an order lives in the account its id picks.
     state_storage_accounts: str | None = _setting(names.STATE_STORAGE_ACCOUNTS_SETTING, None)
 
-    #: Optional: the archive's own account (README "Retention"); unset, AzureWebJobsStorage's.
+    #: Optional: the archive's own account (docs/retention.md); unset, AzureWebJobsStorage's.
     #: Locally a connection string; in Azure ``ArchiveStorage__blobServiceUri`` (identity-based).
     archive_storage_connection_string: str | None = _setting(names.ARCHIVE_STORAGE_CONNECTION, None)
     archive_storage_blob_service_uri: str | None = _setting(f"{names.ARCHIVE_STORAGE_CONNECTION}__blobServiceUri", None)
@@ -148,7 +148,7 @@ class Settings(BaseSettings):
     bulk_resubmit_per_second: float = _setting(names.BULK_RESUBMIT_RATE_SETTING, 20.0, gt=0, le=1000)
     #: ...and at most this many per request (then answers with a continuation).
     bulk_resubmit_batch: int = _setting(names.BULK_RESUBMIT_BATCH_SETTING, 100, ge=1, le=1000)
-    # --- Retention (adapters/retention.py, README "Retention") --------------------------
+    # --- Retention (adapters/retention.py, docs/retention.md) --------------------------
     #: Finished orders that ended this many days ago or more are archived, then deleted.
     retention_days: float = _setting(names.RETENTION_DAYS_SETTING, names.DEFAULT_RETENTION_DAYS, ge=0, le=36_500)
     #: Error orders are archived and deleted too (default: they stay for an operator).

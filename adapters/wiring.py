@@ -96,7 +96,7 @@ def parse_or_drop(
     dropped at once with a log line and counted (``messages.dropped {operation: what}``):
     never raised out of the function, so never redelivered nor dead-lettered, and it
     loses no order (the supervisor recovers any order whose message went missing).
-    The rule is the same for every internal queue (README, "Failure handling")."""
+    The rule is the same for every internal queue (docs/failure-handling.md)."""
     shown = str(message_id)[:120]
     try:
         message = model.model_validate_json(body)

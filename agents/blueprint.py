@@ -103,7 +103,7 @@ def runtime() -> AgentRuntime:
 async def handle(msg: func.ServiceBusMessage, remote: str) -> None:
     # A request that cannot be acted on (malformed, or naming a step, action or remote the
     # workflow does not have for this agent) is dropped with a log line and counted, like
-    # every internal message (README, "Failure handling"): its line, if real, times out.
+    # every internal message (docs/failure-handling.md): its line, if real, times out.
     request = parse_or_drop(
         AgentRequest, msg.get_body(), what="agent_request", message_id=msg.message_id,
         check=lambda r: claims.check_request(r, remote),

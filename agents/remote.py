@@ -1,7 +1,7 @@
 """The remote service call: retries with backoff and jitter, a stable idempotency key,
 and never past the step's complete-by time.
 
-The contract (README, "The remote service contract"): ``POST {base}/{action}`` with
+The contract (docs/remote-contract.md): ``POST {base}/{action}`` with
 the headers ``Idempotency-Key`` and ``Complete-By`` (RFC 3339 UTC); 2xx with a JSON
 object is done (a 2xx with any other body is transient with an unknown outcome: it may
 have been applied), 408, 429, 5xx, connection errors and timeouts are transient, any

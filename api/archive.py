@@ -1,5 +1,5 @@
 """The archive's reads over HTTP (``api/blueprint.py`` binds them): finished orders that
-retention archived to blob storage and deleted from the table (README "Retention").
+retention archived to blob storage and deleted from the table (docs/retention.md).
 
 ``GET /api/archive/{day}?limit=50&continuation=...``: one page of the day's archived
 orders, in the order they were archived; ``GET /api/archive/{day}/orders/{id}``: one of

@@ -5,7 +5,7 @@ whatever arrives on a queue may have been written by anyone who can send to it. 
 fields are claims, never credentials: the fence or state snapshot a message carries
 (with its ETag) does not prove what the row holds, so the scheduler decides on the row
 it reads, never on a snapshot (scheduler/dispatch.py). These checks drop at once what
-no copy of this app could have sent (README, "Failure handling"): each returns the
+no copy of this app could have sent (docs/failure-handling.md): each returns the
 reason the message cannot be acted on, or None.
 """
 

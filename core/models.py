@@ -43,7 +43,7 @@ from pydantic import (
 ORDER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}$"
 MAX_ITEMS = 100
 #: The MessageId every order message is sent with (:func:`message_id_for`), worded as the
-#: README, the published schema and docs/ state it (tests/infra/test_message_id_rule.py).
+#: docs/clients.md and the published schema state it (tests/infra/test_message_id_rule.py).
 MESSAGE_ID_RULE = "the order id + ':' + the first 16 hex digits of the body's SHA-256"
 #: The order document is kept as one Table string property (64 KiB = 32K UTF-16
 #: characters); this bound leaves room under that limit.
@@ -112,7 +112,7 @@ EventName = Annotated[
     WithJsonSchema({"type": "string", "enum": list(events())}),
 ]
 #: The MessageId every order-event message is sent with (:func:`event_message_id`), worded
-#: as the README states it ("Sending order events").
+#: as docs/clients.md states it ("Sending order events").
 EVENT_MESSAGE_ID_RULE = "the order id + ':' + the event name + ':' + the first 16 hex digits of the body's SHA-256"
 
 
@@ -153,8 +153,8 @@ class OrderRequest(_Message):
         None,
         description="The workflow the order runs on, by name (its newest version): order (reserve, charge, ship; "
         "the default when absent) or order-approval (reserve, then wait for an approval until the deployment's "
-        "deadline, APPROVAL_TIMEOUT_SECONDS, a day by default, then charge, ship). The client chooses: README, "
-        "\"Workflows\".",
+        "deadline, APPROVAL_TIMEOUT_SECONDS, a day by default, then charge, ship). The client chooses: "
+        "docs/workflows.md.",
     )
 
     @model_validator(mode="after")
@@ -173,7 +173,7 @@ class OrderRequest(_Message):
     def message_id(self) -> str:
         """The MessageId to send it with: the order id and a hash of its content, so the
         queue's duplicate detection drops an identical resend but lets a corrected order
-        through (README, "Sending orders")."""
+        through (docs/clients.md, "Sending orders")."""
         return message_id_for(self.order_id, self.document().encode())
 
 
@@ -436,7 +436,7 @@ class Status(str, Enum):
     COMPENSATED = "compensated"
     FAILED = "failed"
     #: The order message was refused (invalid, or another order under the same id): the
-    #: detail says why; fix it and send it again (README, "Sending orders").
+    #: detail says why; fix it and send it again (docs/clients.md, "Sending orders").
     REJECTED = "rejected"
 
 
@@ -475,7 +475,7 @@ CancelReason = Annotated[
     }),
 ]
 #: The MessageId every cancel message is sent with (:func:`cancel_message_id`), worded as
-#: the README states it: one cancel per order, so duplicate detection drops any repeat.
+#: docs/clients.md states it: one cancel per order, so duplicate detection drops any repeat.
 CANCEL_MESSAGE_ID_RULE = "'cancel:' + the order id"
 
 

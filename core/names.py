@@ -61,7 +61,7 @@ APPROVAL_TIMEOUT_SETTING = "APPROVAL_TIMEOUT_SECONDS"
 DEFAULT_APPROVAL_TIMEOUT_SECONDS = 24 * 60 * 60
 MAX_APPROVAL_TIMEOUT_SECONDS = 365 * 24 * 60 * 60
 
-#: Retention (adapters/retention.py, README "Retention"): finished orders older than
+#: Retention (adapters/retention.py, docs/retention.md): finished orders older than
 #: RETENTION_DAYS are archived to blob storage, then deleted, by the retention timer.
 RETENTION_DAYS_SETTING = "RETENTION_DAYS"
 #: "true": Error orders are archived and deleted too (default: they stay for an operator).
@@ -82,9 +82,9 @@ ARCHIVE_STORAGE_CONNECTION = "ArchiveStorage"
 # --- Default names ----------------------------------------------------------------
 
 ORDERS_QUEUE = "orders"
-#: External events for waiting steps (an approval), from any client (README, "Sending order events").
+#: External events for waiting steps (an approval), from any client (docs/clients.md, "Sending order events").
 ORDER_EVENTS_QUEUE = "order-events"
-#: Cancel requests from any client (README, "Cancelling an order"): body core.models.CancelRequest.
+#: Cancel requests from any client (docs/clients.md, "Cancelling an order"): body core.models.CancelRequest.
 CANCELLATIONS_QUEUE = "order-cancellations"
 AGENT_RESPONSES_QUEUE = "agent-responses"
 ALERTS_QUEUE = "alerts"
@@ -154,7 +154,7 @@ def state_account(order_id: str, accounts: int) -> int:
 # Past one deployment's ceiling the same app is deployed S times (infra/main.bicep
 # ``stamps``), and every client sends an order to the stamp its id picks (docs/scale.md,
 # "Past one deployment: stamps"). The deployments know nothing of each other; the rule
-# below, stated in the README for clients in any language, is the whole routing.
+# below, stated in docs/clients.md for clients in any language, is the whole routing.
 
 #: At most this many stamps (infra/main.bicep ``stamps``).
 MAX_STAMPS = 16
@@ -163,7 +163,7 @@ MAX_STAMPS = 16
 #: reads it, and ``ordersctl send-order`` refuses an order whose stamp is not the one its
 #: settings reach.
 ORDERS_STAMPS_SETTING = "ORDERS_STAMPS"
-#: The routing rule in words, as the README and docs/deploy.md state it for clients.
+#: The routing rule in words, as docs/clients.md and docs/deploy.md state it for clients.
 STAMP_RULE = (
     "the last 8 bytes of the SHA-256 of the order id (UTF-8), read as a big-endian"
     " unsigned integer, modulo the number of stamps"
@@ -224,7 +224,7 @@ def active_partition(shard: int) -> str:
     return f"{ACTIVE_PREFIX}-{shard:03d}"
 
 
-# --- The search indexes (core/search.py, adapters/search.py; README, "Search and bulk resubmit") ---
+# --- The search indexes (core/search.py, adapters/search.py; docs/search.md) ---
 
 #: A customer's orders, newest first: ``_customer-<customer id>``.
 CUSTOMER_PREFIX = "_customer"
@@ -443,7 +443,7 @@ METRIC_BREAKER_CHANGES = "breaker.state_changes"  # counter {remote.service, bre
 METRIC_TABLE_OPERATIONS = "table.operations"  # counter {operation}
 METRIC_MESSAGES_SENT = "messages.sent"  # counter {transport, operation}
 #: counter {operation: nudge | agent_request | agent_response, drop.reason}: internal
-#: messages that could not be acted on, dropped at once (README, "Failure handling").
+#: messages that could not be acted on, dropped at once (docs/failure-handling.md).
 METRIC_MESSAGES_DROPPED = "messages.dropped"
 
 # Why an internal message was dropped (the drop.reason attribute).

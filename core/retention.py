@@ -2,7 +2,7 @@
 rows are due, what to do with each order found there, and where the archive keeps it.
 
 The I/O is adapters/finished.py (the index), adapters/archive.py (the blobs) and
-adapters/retention.py (one tick). README "Retention" says what an operator sees.
+adapters/retention.py (one tick). docs/retention.md says what an operator sees.
 """
 
 from __future__ import annotations

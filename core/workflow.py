@@ -226,7 +226,7 @@ ORDER_WORKFLOW = Workflow(
 #: approval (the event ``approval``) until the deadline the app setting
 #: APPROVAL_TIMEOUT_SECONDS sets (a day by default), then charge and ship. Rejected, or not
 #: approved in time: the reservation is released and the order ends Compensated. An order
-#: chooses it with ``"workflow": "order-approval"`` (README, "Sending orders").
+#: chooses it with ``"workflow": "order-approval"`` (docs/clients.md, "Sending orders").
 APPROVAL_WORKFLOW = Workflow(
     "order-approval",
     1,

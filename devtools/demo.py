@@ -177,7 +177,7 @@ def send_orders(connection_string: str, orders: int, invalid: int, sent_at: dict
             def flush() -> None:
                 sender.send_messages(batch)
                 accepted = time.time()
-                # MessageId is "{order id}:{body hash}" (README, "Sending orders").
+                # MessageId is "{order id}:{body hash}" (docs/clients.md, "Sending orders").
                 sent_at.update({str(m.message_id).rpartition(":")[0]: accepted for m in batch})
                 batch.clear()
 

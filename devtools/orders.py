@@ -71,7 +71,7 @@ def order_body(order_id: str, i: int) -> bytes:
 
 def order_message(order_id: str, i: int) -> ServiceBusMessage:
     """An order as a client sends it: the JSON body, with the order id and a hash of the
-    body as MessageId (the orders queue's duplicate-detection key; README, "Sending orders")."""
+    body as MessageId (the orders queue's duplicate-detection key; docs/clients.md, "Sending orders")."""
     body = order_body(order_id, i)
     return ServiceBusMessage(body, message_id=message_id_for(order_id, body), content_type="application/json")
 
@@ -113,7 +113,7 @@ def bad_order_body(case: dict, order_id: str = "bad-order") -> bytes:
 
 
 def bad_order_message(case: dict, order_id: str = "bad-order") -> ServiceBusMessage:
-    """A corpus case as a client following the README sends it: MessageId by the same rule
+    """A corpus case as a client following docs/clients.md sends it: MessageId by the same rule
     as a valid order's (:func:`core.models.message_id_for`), the case's content type."""
     body = bad_order_body(case, order_id)
     return ServiceBusMessage(

@@ -86,7 +86,7 @@ param approvalTimeoutSeconds int = 86400
 param supervisorSchedule string = '*/15 * * * * *'
 
 @minValue(0)
-@description('RETENTION_DAYS: finished orders that ended this many days ago or more are archived to blob storage, then deleted (README "Retention").')
+@description('RETENTION_DAYS: finished orders that ended this many days ago or more are archived to blob storage, then deleted (docs/retention.md).')
 param retentionDays int = 30
 
 @description('RETENTION_INCLUDE_ERROR: archive and delete Error orders too.')
@@ -178,7 +178,7 @@ param apiClientId string = ''
 // its own; clients send each order to the stamp its id picks (core/names.py stamp_of).
 @minValue(1)
 @maxValue(16)
-@description('Stamps: whole, independent copies of the deployment (namespace, accounts, function app, alerts), each in a resource group of its own; every client sends an order to the stamp core/names.py stamp_of picks from its id (README, "Sending orders"). 1: one deployment, as without stamps. Fixed once orders flow: a changed count sends an order\'s resends to another stamp.')
+@description('Stamps: whole, independent copies of the deployment (namespace, accounts, function app, alerts), each in a resource group of its own; every client sends an order to the stamp core/names.py stamp_of picks from its id (docs/clients.md, "Sending orders"). 1: one deployment, as without stamps. Fixed once orders flow: a changed count sends an order\'s resends to another stamp.')
 param stamps int = 1
 
 @description('Region of each stamp, in stamp order (stamp 0 first); a stamp without an entry is in location. Flex Consumption\'s memory quota is per subscription and region, so stamps in one region share it (docs/scale.md).')

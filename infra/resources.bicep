@@ -163,7 +163,7 @@ param serviceBusScaleMonitoring bool = true
 @description('This deployment\'s place among the stamps (main.bicep stamps; core/names.py stamp_of picks each order\'s). 0: the only deployment, or the first stamp: its names are those of a deployment without stamps.')
 param stamp int = 0
 
-// Retention (adapters/retention.py, README "Retention").
+// Retention (adapters/retention.py, docs/retention.md).
 @minValue(0)
 @description('RETENTION_DAYS: finished orders that ended this many days ago or more are archived to the archive container as JSON lines, then deleted from the table.')
 param retentionDays int = 30
@@ -297,7 +297,7 @@ var serviceBusQueues = concat([
     // transient failure is retried by redelivery, an invalid or refused event is kept in
     // the rejections table on its first delivery, an event nobody read in time is
     // dead-lettered, and a resend with the same MessageId (the order id, the event name
-    // and a hash of the body: README, "Sending order events") is dropped.
+    // and a hash of the body: docs/clients.md, "Sending order events") is dropped.
     name: orderEventsQueueName
     properties: {
       lockDuration: 'PT1M'
@@ -309,7 +309,7 @@ var serviceBusQueues = concat([
     }
   }
   {
-    // Cancel requests from any client (README, "Cancelling an order"), kept like orders:
+    // Cancel requests from any client (docs/clients.md, "Cancelling an order"), kept like orders:
     // an invalid one is rejected into the rejections table at its first delivery; one
     // that keeps failing (storage down) dead-letters after 10 tries, as does one nobody
     // read in time. MessageId 'cancel:<order id>': a client's resend within the day is

@@ -1,5 +1,5 @@
 """``ordersctl archive show DAY [--order ID] [--full]``: finished orders that retention
-archived to blob storage and deleted from the table (README "Retention"), as JSON."""
+archived to blob storage and deleted from the table (docs/retention.md), as JSON."""
 
 from __future__ import annotations
 

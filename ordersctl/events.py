@@ -1,6 +1,6 @@
 """``ordersctl approve`` / ``ordersctl reject`` (bound in ordersctl/cli.py): an event for an
 order's waiting step, sent to the ``order-events`` queue as any Service Bus client may
-(README, "Sending order events"), with MessageId = the order id + ':' + the event name
+(docs/clients.md, "Sending order events"), with MessageId = the order id + ':' + the event name
 + ':' + the first 16 hex digits of the body's SHA-256. The app decides on it;
 ``ordersctl status`` shows the outcome, and a refused event is kept in
 ``ordersctl rejections``."""

@@ -102,7 +102,7 @@ def submit_order(msg: func.ServiceBusMessage, **nudges: func.Out[str]) -> None:
 def handle_nudge(msg: func.QueueMessage) -> None:
     # A nudge that cannot be acted on (malformed, or claiming what the app never sends) is
     # dropped with a log line and counted: that loses no order (the supervisor re-nudges
-    # every Pending row whose deadline passes). README, "Failure handling".
+    # every Pending row whose deadline passes). docs/failure-handling.md.
     nudge = parse_or_drop(Nudge, msg.get_body(), what="nudge", message_id=msg.id, check=claims.check_nudge)
     if nudge is not None:
         s = services()
@@ -162,7 +162,7 @@ def complete_step(msg: func.ServiceBusMessage) -> None:
     data_type=func.DataType.BINARY,
 )
 def receive_order_event(msg: func.ServiceBusMessage) -> None:
-    # An external event for a waiting step, from any client (README, "Sending order events").
+    # An external event for a waiting step, from any client (docs/clients.md, "Sending order events").
     # As for orders: an invalid or refused event is kept in the rejections table and completed.
     # Its span (order.event) joins the order's trace (scheduler/events.py).
     s = services()

@@ -8,7 +8,7 @@ the same line is, so an event racing the deadline either wins or finds the line 
 longer waiting: exactly one of the two is written. A 412 means someone else moved the
 row: decide again on the new row.
 
-Replies (README, "Sending order events"): accepted (the line ended with this event);
+Replies (docs/clients.md, "Sending order events"): accepted (the line ended with this event);
 a duplicate (the same event, name and body, already ended its line: nothing changes,
 and the API answers 202 with the order as it is, like an accepted event, so a client
 may resend safely); not waiting (no line waits for it: nothing changes; the API answers

@@ -183,7 +183,7 @@ def _submit(
 
     search.index_customer(store, order, now)  # before the order's transaction (adapters/search.py)
     # The order's own "workflow" field (validated by the model: a name the app has) picks
-    # the newest version of that workflow; without it, the default (README, "Workflows").
+    # the newest version of that workflow; without it, the default (docs/workflows.md).
     chosen = latest(order.workflow) if order.workflow else workflow
     try:
         created = store.create_order(

@@ -1,4 +1,4 @@
-"""Binding of the retention timer (adapters/retention.py does the work; README "Retention")."""
+"""Binding of the retention timer (adapters/retention.py does the work; docs/retention.md)."""
 
 from __future__ import annotations
 

@@ -76,8 +76,8 @@ customMetrics
 '''
 
 // Internal messages (nudges, agent requests and responses) dropped because they cannot be
-// acted on: malformed, untrusted (claims no copy of the app sends) or forged (README,
-// "Failure handling"). Any at all deserves a look: the app itself sends none.
+// acted on: malformed, untrusted (claims no copy of the app sends) or forged
+// (docs/failure-handling.md). Any at all deserves a look: the app itself sends none.
 var droppedMessages = '''
 customMetrics
 | where name == "messages.dropped"

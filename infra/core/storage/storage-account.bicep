@@ -12,7 +12,7 @@ param tags object = {}
 @description('Blob container that holds the function app\'s deployment package. Empty: an account for tables only (no blob role granted).')
 param deploymentContainerName string = ''
 
-@description('Blob container of the retention archive (README "Retention"). Empty: none.')
+@description('Blob container of the retention archive (docs/retention.md). Empty: none.')
 param archiveContainerName string = ''
 
 @description('Storage queues to create.')
