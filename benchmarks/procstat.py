@@ -31,6 +31,14 @@ def cpu_seconds(pid: int | None) -> float | None:
     return _cpu(fields) if fields is not None else None
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent of a live process; None if it is gone (or a zombie: it ended, unreaped)."""
+    fields = _stat(pid)
+    if fields is None or fields[0] == b"Z":
+        return None
+    return int(fields[1])
+
+
 @dataclass(frozen=True)
 class ThreadTimes:
     """One thread's CPU seconds (user, system) and context switches so far."""
@@ -83,6 +91,33 @@ def thread_times(pid: int) -> dict[int, ThreadTimes]:
     return found
 
 
+#: What each measured process is, by its name (a CPU meter's keys, benchmarks.stack.BenchStack.pids):
+#: ``worker-H`` (``worker-H.N`` for a host's Nth worker) the app side, Microsoft's Python runtime running
+#: the functions, what an Azure instance's Python worker spends; ``host-H`` the local host process
+#: standing in for Azure's .NET Functions host (triggers, settlement, outputs); ``azurite`` and
+#: ``servicebus`` (the emulator) the infrastructure, Azure's services. Temporal's worker processes
+#: (``worker-N``, benchmarks.temporal_peer) are workers too: the app side there.
+WORKERS, HOST_PROCESS = "workers", "host_process"
+
+
+def process_group(name: str) -> str:
+    """The group a measured process belongs to: ``workers``, ``host_process``, or its own name."""
+    if name.startswith("worker-"):
+        return WORKERS
+    if name.startswith("host-"):
+        return HOST_PROCESS
+    return name
+
+
+def by_group(used: dict[str, float]) -> dict[str, float]:
+    """CPU (or any per-process figure) summed by :func:`process_group`; ``wall`` left out."""
+    groups: dict[str, float] = {}
+    for name, value in used.items():
+        if name != "wall":
+            groups[process_group(name)] = groups.get(process_group(name), 0.0) + value
+    return groups
+
+
 class CpuMeter:
     """CPU seconds used by a set of processes between two readings."""
 
@@ -119,21 +154,29 @@ def machine_busy_seconds() -> float | None:
 
 
 def own_cpu_seconds() -> float:
-    """CPU seconds of this process, its children that were reaped, and its live children
-    (the local stack's processes and the benchmark's workers)."""
+    """CPU seconds of this process, its children that were reaped, and every live process
+    descended from it: the local stack's processes, the benchmark's workers, and the worker
+    processes each local Functions host starts (its children, this process's grandchildren)."""
     times = os.times()
     total = times.user + times.system + times.children_user + times.children_system
-    me = str(os.getpid())
     try:
         entries = os.listdir("/proc")
     except OSError:
         return total
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
     for entry in entries:
         if not entry.isdigit():
             continue
         fields = _stat(entry)
-        if fields is not None and fields[1].decode() == me:
-            total += _cpu(fields)
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+            cpu[int(entry)] = _cpu(fields)
+    waiting = list(children.get(os.getpid(), []))
+    while waiting:
+        pid = waiting.pop()
+        total += cpu[pid]
+        waiting += children.get(pid, [])
     return total
 
 

@@ -34,7 +34,7 @@ from adapters.store import StateStore
 from benchmarks import azurite_log, capacity, ceiling, hostcpu, pipeline, recovery, resilience, sync_agents
 from benchmarks.azurite_log import FRIENDLY, AzuriteLog, service_of
 from benchmarks.machine import describe
-from benchmarks.procstat import CpuMeter, OtherLoad
+from benchmarks.procstat import HOST_PROCESS, WORKERS, CpuMeter, OtherLoad, by_group, process_group
 from benchmarks.report import Report, Section, kept_sections, soak_section
 from benchmarks.stack import BenchStack, OrderSender
 from benchmarks.sweep import IN_FLIGHT, SweepBench
@@ -515,19 +515,22 @@ class Runner:
                 section.figure(f"ratio_cpu_bound.{key}", f"{hosts_text} / CPU-bound ceiling",
                                result.steps_per_second / bound, "")
             done = max(result.steps, 1)
-            cpu = {name: value / done * 1000 for name, value in result.cpu.items()}
-            host_cpu = sum(v for k, v in cpu.items() if k.startswith("host"))
-            host_seconds = sum(v for k, v in result.cpu.items() if k.startswith("host"))
-            stack_cpu = host_cpu + (cpu.get("azurite") or 0) + (cpu.get("servicebus") or 0)
+            groups = by_group(result.cpu)
+            cpu = {name: value / done * 1000 for name, value in groups.items()}
+            stack_cpu = sum(cpu.get(name) or 0 for name in (WORKERS, HOST_PROCESS, "azurite", "servicebus"))
             ceiling_cpu = self.results.get("cpu_per_step_in_order")
             if ceiling_cpu and stack_cpu and result.steps:
                 section.figure(f"cpu_efficiency.{key}",
                                f"{hosts_text}: ceiling CPU per step / the stack's CPU per step",
                                ceiling_cpu / stack_cpu, "",
-                               note="both with the order's fixed part spread over its steps; insensitive to other load")
+                               note="both with the order's fixed part spread over its steps; the stack's: the worker "
+                               "and host processes, Azurite, the emulator; insensitive to other load")
+            workers = sum(1 for name in result.cpu if process_group(name) == WORKERS)
             rows.append([
-                f"{hosts}", result.steps_per_second, result.per_second, result.seconds, result.percentile(50), host_cpu,
-                host_seconds / result.wall / hosts if result.wall else None, cpu.get("azurite"),
+                f"{hosts}", result.steps_per_second, result.per_second, result.seconds, result.percentile(50),
+                cpu.get(WORKERS), cpu.get(HOST_PROCESS),
+                groups.get(WORKERS, 0) / result.wall / workers if result.wall and workers else None,
+                groups.get(HOST_PROCESS, 0) / result.wall / hosts if result.wall else None, cpu.get("azurite"),
                 cpu.get("servicebus"), sum(result.cpu.values()) / result.wall if result.wall else None,
                 ", ".join(f"{name} {n}" for name, n in sorted(result.slow_invocations.items())) or "none",
                 result.slowest_ms / 1000,
@@ -535,16 +538,20 @@ class Runner:
         section.table(
             f"{plan.pipeline_orders} orders of {steps} steps sent at once, no faults",
             ["hosts", "steps/s", "orders/s", "seconds", "p50 send → Processed s (queued in the burst)",
-             "host CPU ms/step", "cores busy per host process", "Azurite CPU ms/step", "emulator CPU ms/step",
-             "cores busy (stack)", "invocations ≥ 5 s", "slowest invocation s"],
+             "worker processes CPU ms/step", "host processes CPU ms/step", "cores busy per worker process",
+             "cores busy per host process", "Azurite CPU ms/step", "emulator CPU ms/step", "cores busy (stack)",
+             "invocations ≥ 5 s", "slowest invocation s"],
             rows,
             note="CPU per step is each process's CPU over the run divided by the steps done (orders × "
             f"{steps}), so it carries each order's fixed part (submission, the first claim) spread over its steps. "
-            "Host CPU includes the Functions host machinery, message parsing, logging and the agent's HTTP call, "
-            "which the ceiling does not. The fake remote service and this benchmark share a third process (not "
-            "counted in 'cores busy'). Invocations of 5 s or more (the agents' excepted: their time is the remote "
-            "service's) are counted from the host logs: a stall there shows as a long tail in the throughput to "
-            "the last order but not in the throughput to 99%.",
+            "Each host runs one worker process: the workers' CPU is the app side (Microsoft's Python runtime "
+            "running the functions: message conversion, the functions, their logging and the agents' HTTP "
+            "calls, which the ceiling does not have); the host process's is the local host standing in for "
+            "Azure's .NET Functions host (triggers, settlement, outputs). Each is one Python process, bounded by "
+            "about one core. The fake remote service and this benchmark share a third process (not counted in "
+            "'cores busy'). Invocations of 5 s or more (the agents' excepted: their time is the remote service's) "
+            "are counted from the host logs: a stall there shows as a long tail in the throughput to the last "
+            "order but not in the throughput to 99%.",
         )
         section.intro = (
             f"Steps/s from the first send to the last Processed commit: {plan.pipeline_orders} orders sent at once, "
@@ -677,7 +684,6 @@ class Runner:
         sb = pipeline.delta(stack.sb_counts(), sb_before)
         operations = log.since(idle_end, end)
         invoked = pipeline.invocations(logs, offsets)
-        functions_cpu = hostcpu.function_cpu(logs, offsets)
         window = t2 - t1
 
         def background(idle_count: int) -> float:
@@ -809,19 +815,17 @@ class Runner:
             cpu_seconds=cpu, payload_bytes=ceiling.payload_bytes(stack.settings_object().step_defaults()),
             idle=self.results.get("idle"),
         )
-        split = hostcpu.report(section, sum(v for k, v in cpu.items() if k.startswith("host")), functions_cpu, count)
-        self.results["operations"]["cpu_ms_per_order"].update(
-            functions=split["functions"], functions_by_trigger=split["functions_by_trigger"],
-            host_emulation=split["host_emulation"])
+        hostcpu.report(section, cpu, count)
         section.intro = (
             f"{count} orders of {steps_per_order} steps with no faults through one host, counted at the servers: "
             "Azurite's debug log (one line per request; a transaction is one request, as it is one billed "
             "transaction in Azure) and the Service Bus emulator's own operation counters "
             "(tools/servicebus_emulator, --stats-stdin). A step's cost and the order's fixed part are counted "
             "apart: table requests by their role (the step's transaction, or the rest), Service Bus by queue "
-            "(the remotes' request queues and agent-responses, or orders). The same counts, with the host's CPU "
-            "and the function executions per order, go to benchmarks/results/operations.json, which the capacity "
-            "and cost model reads (`python -m benchmarks.capacity`, docs/scale.md)."
+            "(the remotes' request queues and agent-responses, or orders). The same counts, with the CPU per order "
+            "of the worker and host processes and the function executions per order, go to "
+            "benchmarks/results/operations.json, which the capacity and cost model reads (`python -m "
+            "benchmarks.capacity`, docs/scale.md)."
         )
 
     # -- resilience (benchmarks/resilience.py): each phase on stacks of its own ----------------
@@ -960,10 +964,13 @@ class Runner:
     def _temporal(self, section: Section) -> None:
         from benchmarks.temporal_peer import phase as temporal_peer  # temporalio: imported by this phase only
 
+        # One worker process per host (Azure's default; pinned against a shell that sets another).
         temporal_peer.run(section, self.plan,
                           app_stack=lambda telemetry: self._stack("peer-app-traced" if telemetry else "peer-app",
-                                                                  hosts=1, telemetry=telemetry),
-                          log_dir=self.logs / "peer-temporal", counter=self._counter)
+                                                                  hosts=1, telemetry=telemetry,
+                                                                  settings={"FUNCTIONS_WORKER_PROCESS_COUNT": "1"}),
+                          log_dir=self.logs / "peer-temporal", profile_dir=self.logs / "peer-profile",
+                          counter=self._counter)
 
     def _concurrency(self, section: Section) -> None:
         plan = self.plan

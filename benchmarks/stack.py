@@ -2,12 +2,17 @@
 
 - Azurite optionally writing its debug log (to count storage operations at the server),
 - the Service Bus emulator answering for its operation counters on stdin (``--stats-stdin``),
+- the processes whose CPU the benchmarks measure, by name (:attr:`BenchStack.pids`): each
+  local Functions host process and the worker processes it started, Azurite, the emulator;
 - helpers to send orders and to read the state table and the counters.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import threading
 import time
@@ -20,6 +25,7 @@ from azure.servicebus import ServiceBusClient
 from adapters import clients
 from core import names
 from adapters.settings import Settings
+from benchmarks.procstat import WORKERS, parent_pid, process_group
 from devtools import azurite as azurite_launcher
 from devtools.localstack import LocalStack, servicebus_queue
 from devtools.orders import order_message
@@ -29,6 +35,20 @@ from tools.servicebus_emulator import QueueSettings
 
 #: Extra Service Bus queues the ceiling measurement uses (shaped like agent-responses).
 BENCH_QUEUES = ("bench-serial", "bench-parallel", "bench-study")
+
+#: The line a local host logs when one of its worker processes is ready (tools/funchost/README.md,
+#: "The host and its workers"): the worker's number (a restarted worker is a new number and process).
+_WORKER_READY = re.compile(r"\[funchost\] worker (\d+): ready \(process (\d+)\)")
+
+
+def host_workers(host: int, host_pid: int, log_text: str) -> dict[str, int]:
+    """Host ``host``'s live worker processes by name, from its log (``worker N: ready (process
+    PID)``): ``worker-H`` for the first, ``worker-H.2`` and on for the others, in the order they
+    became ready. A worker that exited (a crash, a restart) is left out: only processes still
+    running as the host's children count, so read this once the workers are ready."""
+    pids = [int(match[2]) for match in _WORKER_READY.finditer(log_text)]
+    live = [pid for pid in pids if parent_pid(pid) == host_pid]
+    return {f"worker-{host}" + (f".{n}" if n > 1 else ""): pid for n, pid in enumerate(live, 1)}
 
 
 @dataclass
@@ -76,14 +96,37 @@ class BenchStack(LocalStack):
 
     @property
     def pids(self) -> dict[str, int | None]:
+        """The stack's processes a CPU meter reads, by name (see :func:`process_group`): each live
+        host process (``host-H``) and its live worker processes (``worker-H``, ``worker-H.2``...),
+        Azurite, the emulator. Read it when the hosts are ready (``start_hosts`` waits for that):
+        a worker started later (``FUNCTIONS_WORKER_PROCESS_COUNT`` > 1, 10 s apart by default) or
+        restarted after it is not in a meter built before."""
         pids: dict[str, int | None] = {
             "azurite": self.azurite.process.pid if self.azurite else None,
             "servicebus": self.emulator.pid if self.emulator else None,
         }
-        for index, host in enumerate(self.hosts, 1):
+        for index, (host, log) in enumerate(zip(self.hosts, self.host_logs), 1):
             if host.poll() is None:
                 pids[f"host-{index}"] = host.pid
+                pids.update(host_workers(index, host.pid, log.read_text(encoding="utf-8", errors="replace")))
         return pids
+
+    def worker_pids(self) -> dict[str, int]:
+        """The live worker processes of every live host, by name (``worker-H``...)."""
+        return {name: pid for name, pid in self.pids.items() if pid is not None and process_group(name) == WORKERS}
+
+    def stop_host(self, index: int, timeout: float = 30.0) -> None:
+        """Stop host ``index`` (1-based) as Azure stops an instance: SIGTERM to the host process
+        alone, which drains and then ends its worker processes (WorkerTerminate); its process
+        group is killed if it has not exited by ``timeout``. The other hosts keep running."""
+        process = self.hosts[index - 1]
+        if process.poll() is None:
+            process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
 
     def sb_counts(self) -> dict[str, int]:
         """The Service Bus emulator's operation counters so far (see tools/servicebus_emulator/README.md)."""

@@ -81,7 +81,7 @@ def test_operations_record_tells_a_steps_executions_from_the_orders_fixed_part()
         invocations={"run_inventory_agent": [5] * 10, "run_payments_agent": [5] * 10, "run_shipping_agent": [5] * 10,
                      "complete_step": [3] * 30, "submit_order": [4] * 10, "schedule_order": [6] * 10,
                      "supervise": [2]},
-        cpu_seconds={"host-1": 0.5, "azurite": 0.2, "servicebus": 0.1, "wall": 9.0},
+        cpu_seconds={"host-1": 0.2, "worker-1": 0.3, "azurite": 0.2, "servicebus": 0.1, "wall": 9.0},
         payload_bytes={"orders_message": 100},
     )
     assert set(record["per_step"]["executions"]["by_function"]) == {
@@ -90,7 +90,10 @@ def test_operations_record_tells_a_steps_executions_from_the_orders_fixed_part()
     assert record["per_step"]["executions"]["ms"] == pytest.approx((3 * 10 * 5 + 30 * 3) / 30)
     assert record["fixed"]["executions"]["total"] == pytest.approx(2.1)  # submit, schedule, one tick in 10 orders
     assert record["fixed"]["queue"]["total"] == pytest.approx(2.25)
-    assert record["cpu_ms_per_order"]["host"] == pytest.approx(50.0)
+    # What the model charges: an instance's whole CPU, its worker processes and its host process.
+    cpu = record["cpu_ms_per_order"]
+    assert (cpu["host"], cpu["workers"], cpu["host_process"]) == pytest.approx((50.0, 30.0, 20.0))
+    assert cpu["azurite"] == pytest.approx(20.0) and cpu["servicebus_emulator"] == pytest.approx(10.0)
     assert record["versions"] == {"azure-core": "1.0"}
 
 

@@ -107,13 +107,15 @@ def test_a_missing_temporal_binary_fails_loudly(monkeypatch, tmp_path):
 
 PHASE = Plan(warm_up_orders=3, latency_rate=4.0, peer_latency_seconds=1.0, peer_orders=8, peer_processes=(1,),
              pipeline_timeout=90.0, peer_rounds=2)
+COMPARED = ("orders_per_s.1", "p50", "p95", "cpu_app_ms.1", "cpu_infra_ms.1", "cpu_platform_ms.1",
+            "cpu_functions_ms.1")
 PHASE_KEYS = [
-    f"temporal.{figure}{side}"
-    for figure in ("orders_per_s.1", "p50", "p95", "cpu_app_ms.1", "cpu_functions_ms.1", "cpu_infra_ms.1")
-    for side in (".stack", ".temporal")
-] + [f"temporal.ratio.{figure}"
-     for figure in ("orders_per_s.1", "p50", "p95", "cpu_app_ms.1", "cpu_functions_ms.1", "cpu_infra_ms.1")] + [
-    key for figure in ("orders_per_s.1", "cpu_app_ms.1", "cpu_functions_ms.1")
+    f"temporal.{figure}{side}" for figure in COMPARED for side in (".stack", ".temporal")
+] + [f"temporal.ratio.{figure}" for figure in COMPARED] + [
+    # This stack's alone: its host processes (Temporal has none), the runtime's share of its workers.
+    "temporal.cpu_host_ms.1.stack", "temporal.cpu_runtime_ms.1.stack", "temporal.worker_runtime_share",
+] + [
+    key for figure in ("orders_per_s.1", "cpu_app_ms.1")
     for key in (f"temporal.traced.{figure}.stack", f"temporal.ratio.traced.{figure}")
 ]
 
@@ -132,10 +134,22 @@ def test_the_phase_reports_both_sides_with_the_ratios(tmp_path):
     targets = {key: figures[key] for key in ("temporal.ratio.orders_per_s.1", "temporal.ratio.p50",
                                              "temporal.ratio.cpu_app_ms.1")}
     assert all(fig.target and fig.met is not None for fig in targets.values())
-    # The function side is a part of the host process's CPU, compared with the same worker's.
-    functions, host = figures["temporal.cpu_functions_ms.1.stack"].value, figures["temporal.cpu_app_ms.1.stack"].value
-    assert 0 < functions < host
-    assert figures["temporal.cpu_functions_ms.1.temporal"].value == figures["temporal.cpu_app_ms.1.temporal"].value
+    assert targets["temporal.ratio.p50"].target == "≤ 0.75"
+
+    def value(key: str) -> float:
+        return figures[f"temporal.{key}"].value
+
+    # The app side is the worker processes on both sides; the host processes and the infrastructure
+    # stand beside Temporal's server.
+    assert value("cpu_app_ms.1.stack") > 0 and value("cpu_host_ms.1.stack") > 0
+    assert figures["temporal.cpu_host_ms.1.temporal"].value is None
+    assert value("cpu_platform_ms.1.temporal") == pytest.approx(value("cpu_infra_ms.1.temporal"))
+    # The workers' split (the profiled run's shares): its two parts add up to the workers' figure.
+    functions, runtime = value("cpu_functions_ms.1.stack"), value("cpu_runtime_ms.1.stack")
+    assert functions > 0 and runtime > 0
+    assert functions + runtime == pytest.approx(value("cpu_app_ms.1.stack"))
+    assert value("worker_runtime_share") == pytest.approx(100 * runtime / (functions + runtime))
+    assert value("cpu_functions_ms.1.temporal") == value("cpu_app_ms.1.temporal")  # Temporal's whole worker
     section = report.sections[0]
     side_by_side = section.tables[0]
     assert side_by_side.columns[-1] == "PASS / MISS"
@@ -148,6 +162,12 @@ def test_the_phase_reports_both_sides_with_the_ratios(tmp_path):
     assert [(row[0], row[3], row[4], row[-1]) for row in runs.rows] == [
         ("this stack", 8, 0, 1), ("this stack, spans and metrics written", 8, 0, 1), ("Temporal", 8, 0, 1),
         ("this stack", 8, 0, 2), ("Temporal", 8, 0, 2)]
+    # Every process measured, this stack's host's worker among them.
+    assert all({"host-1", "worker-1", "azurite", "servicebus"} <= set(row[-2].replace(",", "").split())
+               for row in runs.rows if row[0].startswith("this stack"))
+    split = next(t for t in section.tables if t.title.startswith("where the workers' CPU goes"))
+    assert [row[0] for row in split.rows] == ["the functions' own", "Microsoft's runtime"]
+    assert sum(row[1] for row in split.rows) == pytest.approx(100)
     # Telemetry alike in the runs compared; the app's own spans cost, shown apart.
     assert "write no spans or metrics files" in section.intro
     markdown = out.read_text()

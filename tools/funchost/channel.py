@@ -213,8 +213,11 @@ class WorkerChannel:
                  self.worker_id, "--functions-request-id", self.request_id,
                  "--functions-grpc-max-message-length", str(MAX_MESSAGE_LENGTH)]
         self.started_at = time.monotonic()
-        # The worker writes to the host's own stdout and stderr (before its stream opens, and if it fails).
-        self.process = subprocess.Popen(args, cwd=self.app_dir, env=env)
+        # The worker writes to the host's own stdout and stderr (before its stream opens, and if it fails). It runs
+        # in a session of its own: a Ctrl-C at the terminal, or a signal to the host's process group, reaches the
+        # host, which drains and then ends its workers (WorkerTerminate), as the Functions host does; the worker
+        # exits by itself when its stream to the host ends (the host killed).
+        self.process = subprocess.Popen(args, cwd=self.app_dir, env=env, start_new_session=True)
         log.info("worker %d: process %d started (worker id %s)", self.number, self.process.pid, self.worker_id)
         threading.Thread(target=self._watch, name=f"funchost-worker-{self.number}-watch", daemon=True).start()
 
