@@ -12,18 +12,25 @@ what it returns. This module plays the proxy's part and nothing more:
   --grpcMaxMessageLength`` and their ``--functions-*`` forms: Azure/azure-functions-host,
   ``src/WebJobs.Script/Workers/Rpc/RpcWorkerContext.cs``);
 - one gRPC stream to the host (``FunctionRpc.EventStream``), opened with ``StartStream``; a
-  thread reads it and hands each message to the event loop, as Microsoft's worker does
-  (``Dispatcher.__poll_grpc``), and replies go out through one queue;
-- the runtime's five verbs, called as Microsoft's proxy calls them: ``worker_init_request``,
-  ``functions_metadata_request``, ``function_load_request``, ``invocation_request`` and
-  ``function_environment_reload_request``, each with the host's message and the protos
-  injected (``request.properties["protos"]``; ``tools.funchost.rpc``), each invocation a task
-  of its own; the runtime's thread pool started once it is initialized;
+  thread reads it and hands each message to the event loop as a task of its own, and replies
+  go out through one queue, as Microsoft's proxy worker does (Azure/azure-functions-python-worker,
+  ``workers/proxy_worker/dispatcher.py``: ``Dispatcher.__poll_grpc``, ``_dispatch_grpc_request``);
+- the runtime's five verbs, called as the proxy calls them: ``worker_init_request`` (the
+  runtime's thread pool started just before it), ``functions_metadata_request``,
+  ``function_load_request``, ``invocation_request`` and ``function_environment_reload_request``,
+  each with the host's message in a ``WorkerRequest`` (the protos injected in
+  ``properties["protos"]`` at init and reload: ``tools.funchost.rpc``); one INFO line per
+  invocation received (``Received FunctionInvocationRequest, ...``), as the proxy logs it;
 - ``WorkerStatusRequest`` answered, ``WorkerTerminate`` obeyed; ``InvocationCancel`` ignored
   (the runtime cannot cancel);
 - logging: once the stream is open, every log record of the process goes to the host as an
   ``RpcLog`` (``System`` for the runtime's and this module's own loggers, ``User`` for the
-  app's), with the invocation it belongs to when there is one.
+  app's), with the invocation it belongs to when there is one. One difference: Microsoft's
+  proxy takes that invocation from a process-wide "current invocation" set by each invocation
+  request, so under concurrency a record may be sent with another invocation's id (and the
+  host then logs it under that function, or drops it once that invocation is done); this
+  stand-in takes it from the record's own context (the invocation's task, or the runtime's
+  ``invocation_id_cv`` in a sync function's thread).
 
 When the stream ends (the host stopped or died), the process exits at once, whatever its
 functions are doing: the host has settled or will redeliver what they held.
@@ -41,7 +48,7 @@ import os
 import queue
 import sys
 import threading
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -67,6 +74,25 @@ _REPLIES = {
     "function_load_request": "function_load_response",
     "invocation_request": "invocation_response",
     "function_environment_reload_request": "function_environment_reload_response",
+}
+
+
+@dataclass
+class WorkerRequest:
+    """What the proxy hands the runtime: the request's name, the host's message, and (at init) the protos."""
+
+    name: str
+    request: Any
+    properties: dict[str, Any] | None = None
+
+
+#: The runtime's verbs, with the name the proxy gives each request.
+_NAMES = {
+    "worker_init_request": "WorkerInitRequest",
+    "functions_metadata_request": "WorkerMetadataRequest",
+    "function_load_request": "FunctionLoadRequest",
+    "invocation_request": "FunctionInvocationRequest",
+    "function_environment_reload_request": "FunctionEnvironmentReloadRequest",
 }
 
 
@@ -217,12 +243,16 @@ class Worker:
         content = message.WhichOneof("content")
         try:
             if content == "invocation_request":
-                _invocation_id.set(message.invocation_request.invocation_id)
+                invocation = message.invocation_request
+                _invocation_id.set(invocation.invocation_id)
+                log.info("Received FunctionInvocationRequest, request ID %s, function_id: %s, invocation_id: %s, "
+                         "worker_id: %s", self.request_id, invocation.function_id, invocation.invocation_id,
+                         self.worker_id)
             if content in _REPLIES:
                 reply = await self._call_runtime(content, message)
                 self.send(protos.StreamingMessage(request_id=self.request_id, **{_REPLIES[content]: reply}))
-            elif content == "worker_status_request":
-                self.send(protos.StreamingMessage(request_id=self.request_id,
+            elif content == "worker_status_request":  # answered at once, unlogged: the host times it
+                self.send(protos.StreamingMessage(request_id=message.request_id,
                                                   worker_status_response=protos.WorkerStatusResponse()))
             elif content == "worker_terminate":
                 log.info("the host asked this worker to terminate")
@@ -235,16 +265,16 @@ class Worker:
             log.exception("handling %s failed", content)
 
     async def _call_runtime(self, content: str, message: Any) -> Any:
-        if content == "worker_init_request":
+        properties = None
+        if content in ("worker_init_request", "function_environment_reload_request"):
             self._runtime = __import__(RUNTIME_MODULE)
-            app_dir = message.worker_init_request.function_app_directory
+            app_dir = getattr(message, content).function_app_directory
             if app_dir and app_dir not in sys.path:
                 sys.path.insert(0, app_dir)
-        request = SimpleNamespace(request=message, properties={"host": self.host, "protos": protos})
-        reply = await getattr(self._runtime, content)(request)
-        if content in ("worker_init_request", "function_environment_reload_request"):
+            properties = {"protos": protos, "host": self.host}
             self._runtime.start_threadpool_executor()  # sized by PYTHON_THREADPOOL_THREAD_COUNT, as the app set it
-        return reply
+        request = WorkerRequest(name=_NAMES[content], request=message, properties=properties)
+        return await getattr(self._runtime, content)(request)
 
 
 def main(argv: list[str] | None = None) -> int:
