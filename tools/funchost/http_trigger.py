@@ -431,6 +431,9 @@ class HttpServer:
 class _Handler(http.server.BaseHTTPRequestHandler):
     owner: HttpServer
     protocol_version = "HTTP/1.1"  # keep-alive; every reply has a Content-Length
+    # The reply goes out in several writes (status line, headers, body): with Nagle's algorithm on, the
+    # last waits for the client's delayed ACK of the first, ~40 ms on every keep-alive request.
+    disable_nagle_algorithm = True
 
     def version_string(self) -> str:
         return "funchost"
