@@ -46,10 +46,30 @@ def close_order(
     telemetry.order_closed(state.process_state)
 
 
+def _trace_id(state: OrderState) -> str:
+    """The order's trace id (from its ``TraceParent``), or ``-`` when it has none."""
+    parts = (state.trace_parent or "").split("-")
+    return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else "-"
+
+
+def failure_record(state: OrderState, failed: list[str]) -> str:
+    """The one line an order that ended Compensated or in Error always leaves in Application Insights,
+    whatever the trace sampling kept (docs/observability.md, "What is kept of a failed order"): its end,
+    why, what could not be undone, and its trace id, to find its spans when they were kept."""
+    undone = f"; could not undo {', '.join(failed)}" if failed else ""
+    return (f"order {state.order_id} ended {state.process_state.value} at {state.step} "
+            f"(attempt {state.attempt}): {state.cause or state.last_error or 'no cause recorded'}{undone}; "
+            f"last error: {state.last_error or '-'}; trace {_trace_id(state)}")
+
+
 def _close(
     state: OrderState, *, store: StateStore, publisher: Publisher, alerts_queue: str, now: datetime,
     index_etag: str | None,
 ) -> None:
+    if state.process_state is ProcessState.COMPENSATED:
+        # A warning: host.json keeps the app's warnings and errors (Function: Warning) and never samples
+        # them (excludedTypes: Trace), so every failed order is explained after the fact.
+        log.warning("%s", failure_record(state, []), extra={"order_id": state.order_id})
     if state.process_state is ProcessState.ERROR:
         try:
             definition = workflow(state.workflow, state.workflow_version)
@@ -70,9 +90,7 @@ def _close(
             failed_compensations=failed,
         )
         log.error(
-            "order %s failed: %s",
-            state.order_id,
-            state.last_error,
+            "%s", failure_record(state, failed),
             extra={"order_id": state.order_id, "failure_count": state.failure_count, "attempt": state.attempt},
         )
         # The alert must not be lost: a failed send raises, the index row stays,

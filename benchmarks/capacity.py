@@ -40,7 +40,13 @@ The model, stated once (docs/scale.md explains each line):
   quota, which the stamps of one region share (``regions``). Billed: those busy seconds x the instance's memory, and every execution.
 - Costs per million orders: Functions (GB-s and executions), Service Bus (Standard's
   tiered operations and base charge, or Premium's messaging units by the hour), tables
-  (transactions, and a month of the order's rows kept), queues (operations).
+  (transactions, and a month of the order's rows kept), queues (operations), telemetry
+  (Application Insights' ingestion into the Log Analytics workspace, :func:`telemetry`):
+  the app's spans (each order's, and its Azure SDK calls' dependency spans, kept at the
+  Bicep's ``traceSampleRatio``), the Functions host's records at host.json's log levels
+  (requests and exceptions of failed invocations, the app's warnings and errors, a failing
+  order's records), and what each instance sends per minute whatever its load (metrics,
+  performance counters, the host's aggregates), shared by the orders it carries.
 """
 
 from __future__ import annotations
@@ -49,7 +55,9 @@ import argparse
 import functools
 import json
 import math
+import re
 import sys
+from collections import Counter
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -86,7 +94,13 @@ READS_PER_STEP = 1.0
 STAMP_TOLERANCE = 0.10
 #: The loads docs/scale.md shows (orders/s).
 DOC_LOADS = (100, 1000, 10000)
-SERVICES = ("functions", "servicebus", "tables", "queues")
+SERVICES = ("functions", "servicebus", "tables", "queues", "telemetry")
+#: The share of orders assumed to end Compensated or Error (the bench's ops phase has none): each leaves
+#: the Functions host two warning or error records (the give-up or refusal, the close) and one failed
+#: invocation (its request and exception records), kept whatever the sampling (docs/observability.md).
+FAILING_SHARE = 0.01
+TRACES_PER_FAILING_ORDER = 2
+FAILED_INVOCATIONS_PER_FAILING_ORDER = 1
 
 
 class CapacityError(ValueError):
@@ -102,7 +116,8 @@ def _agent_functions() -> set[str]:
 
 def operations_record(*, machine: dict, options: dict, orders: int, steps: int, steps_per_order: int, table: dict,
                       queue: dict[str, float], servicebus: dict, invocations: dict[str, list[int]],
-                      cpu_seconds: dict[str, float], payload_bytes: dict[str, int], idle=None) -> dict:
+                      cpu_seconds: dict[str, float], payload_bytes: dict[str, int], idle=None,
+                      telemetry: dict | None = None) -> dict:
     """The operations file's content, from what the ops phase counted over ``orders``
     orders (``steps`` steps done). A function is a step's when it is an agent (each step
     calls its remote's) or ran about once per step (the step's recording), the order's
@@ -163,6 +178,8 @@ def operations_record(*, machine: dict, options: dict, orders: int, steps: int, 
         },
         "payload_bytes": payload_bytes,
     }
+    if telemetry is not None:
+        record["telemetry"] = telemetry
     if idle is not None:
         operations, seconds = idle
         minutes = seconds / 60
@@ -170,6 +187,57 @@ def operations_record(*, machine: dict, options: dict, orders: int, steps: int, 
             "table": operations.service_total("table") / minutes, "queue": operations.service_total("queue") / minutes,
         }
     return record
+
+
+_USER_LOG = re.compile(r"^\S+ \S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\[Function\.[^\]]+\.User\] ")
+
+
+def _lines_after(path: Path, offset: int) -> list[str]:
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        return handle.read().decode("utf-8", "replace").splitlines()
+
+
+def telemetry_record(*, orders: int, prefix: str, spans: list[tuple[Path, int]], metrics: list[tuple[Path, int]],
+                     logs: list[tuple[Path, int]], processes: int) -> dict:
+    """What the app's telemetry made during the ops phase, per order: its spans (and their bytes as the
+    spans files write them, JSON lines), the app's log records the hosts logged by level, and the metric
+    series each process exported (from after each file's ``offset``)."""
+    span_count, span_bytes, by_name = 0, 0, Counter()
+    for path, offset in spans:
+        for line in _lines_after(path, offset):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if str((record.get("attributes") or {}).get(names.ATTR_ORDER_ID, "")).startswith(prefix):
+                span_count += 1
+                span_bytes += len(line.encode("utf-8")) + 1
+                by_name[record.get("name", "?")] += 1
+    levels: Counter[str] = Counter()
+    for path, offset in logs:
+        for line in _lines_after(path, offset):
+            match = _USER_LOG.match(line)
+            if match:
+                levels[match[1]] += 1
+    series: set[tuple[str, str]] = set()
+    for path, offset in metrics:
+        for line in _lines_after(path, offset):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            series.add((record.get("name", "?"), json.dumps(record.get("attributes") or {}, sort_keys=True)))
+    return {
+        "spans_per_order": span_count / orders,
+        "span_bytes_per_order": span_bytes / orders,
+        "spans_by_name": {name: n / orders for name, n in sorted(by_name.items())},
+        "app_log_records_per_order": {level: n / orders for level, n in sorted(levels.items())},
+        "metric_series_per_process": len(series) / max(processes, 1),
+        "note": "Spans of the run's orders as the hosts' spans files hold them (JSON lines, bytes with the newline); "
+                "the app's log records as the hosts logged them (Function.<name>.User, by level); the distinct "
+                "metric series (name and attributes) each host's worker exported during the run.",
+    }
 
 
 def write_operations(path: Path, record: dict) -> None:
@@ -232,6 +300,18 @@ class Counts:
     agent_seconds: float
     cpu_seconds: float
     row_bytes: float
+    #: The app's spans per order, and their mean size (bytes, as the local spans files write them).
+    spans: float = 0.0
+    span_bytes: float = 0.0
+    #: The Azure SDK calls per order (table requests, Service Bus sends, storage-queue sends): each a
+    #: dependency span in Azure, where the app's azure_sdk instrumentation is on.
+    sdk_calls: float = 0.0
+    #: The app's log records per order at WARNING or above (what host.json's "Function": "Warning" keeps).
+    app_warnings: float = 0.0
+    #: Metric series one process exports (a row each per export, whatever the load).
+    metric_series: float = 0.0
+    #: Functions that run at all (each adds the host's aggregate rows per flush while it runs).
+    functions_active: int = 0
 
     @property
     def sb_operations(self) -> float:
@@ -287,13 +367,21 @@ def _counts(data: dict, steps: int | None, io_ms: float, remote_ms: float) -> Co
     cpu_ms = data["cpu_ms_per_order"]["host"] * (exec_fixed + k * exec_step) / measured_exec
     agents = sum(v["executions"] for f, v in step["executions"]["by_function"].items() if f in _agent_functions())
     rows = sizes["state_row"] + sizes["orders_message"] + k * sizes["step_row"]
+    telemetry = data.get("telemetry") or {}
+    # The spans grow with the steps as the executions do (each step: a claim, the agent's run, its call, the record).
+    spans = telemetry.get("spans_per_order", 0.0) * (exec_fixed + k * exec_step) / measured_exec
+    span_count = telemetry.get("spans_per_order", 0.0)
+    levels = telemetry.get("app_log_records_per_order", {})
+    table_requests = fixed["table"]["requests"] - measured * measured_reads + k * (step["table"]["requests"] + reads)
+    queue_sends = fixed["queue"]["by_operation"].get(azurite_log.FRIENDLY["Messages_Enqueue"], 0.0)
+    app_sb_sends = k * sb_step["sends"]  # the orders message is the client's; the requests and responses the app's
     return Counts(
         steps=k,
-        table_requests=fixed["table"]["requests"] - measured * measured_reads + k * (step["table"]["requests"] + reads),
+        table_requests=table_requests,
         table_entities=fixed["table"]["entities_written"] + k * step["table"]["entities_written"],
         index_entities=index,
         queue_operations=fixed["queue"]["total"],
-        queue_sends=fixed["queue"]["by_operation"].get(azurite_log.FRIENDLY["Messages_Enqueue"], 0.0),
+        queue_sends=queue_sends,
         queue_receives=fixed["queue"]["by_operation"].get(azurite_log.FRIENDLY["Messages_Dequeue"], 0.0),
         sb_sends=sb_fixed["sends"] + k * sb_step["sends"],
         sb_deliveries=sb_fixed["deliveries"] + k * sb_step["deliveries"],
@@ -304,6 +392,12 @@ def _counts(data: dict, steps: int | None, io_ms: float, remote_ms: float) -> Co
         agent_seconds=k * agents * remote_ms / 1000,
         cpu_seconds=cpu_ms / 1000,
         row_bytes=rows,
+        spans=spans,
+        span_bytes=telemetry.get("span_bytes_per_order", 0.0) / span_count if span_count else 0.0,
+        sdk_calls=table_requests + app_sb_sends + queue_sends,
+        app_warnings=sum(levels.get(level, 0.0) for level in ("WARNING", "ERROR", "CRITICAL")),
+        metric_series=telemetry.get("metric_series_per_process", 0.0),
+        functions_active=len(step["executions"]["by_function"]) + len(fixed["executions"]["by_function"]),
     )
 
 
@@ -366,6 +460,8 @@ class Shape:
     #: ``stampLocations``): Flex Consumption's memory quota is per subscription and region,
     #: so the stamps in one region share it.
     regions: int = 1
+    #: The share of orders whose spans Application Insights keeps (main.bicep ``traceSampleRatio``).
+    traceSampleRatio: float = 0.01  # noqa: N815
 
     @property
     def stamps_per_region(self) -> int:
@@ -396,6 +492,8 @@ class Shape:
         if self.regions > self.stamps:
             raise CapacityError(f"regions ({self.regions}) cannot exceed stamps ({self.stamps}): a region holds "
                                 f"at least one stamp")
+        if not 0 <= self.traceSampleRatio <= 1:
+            raise CapacityError(f"traceSampleRatio must be 0 to 1, not {self.traceSampleRatio}")
         if self.maximumInstanceCount > 1000:
             raise CapacityError(f"maximumInstanceCount is at most 1000 on Flex Consumption, not "
                                 f"{self.maximumInstanceCount}")
@@ -420,6 +518,11 @@ class Shape:
                     values[key] = int(value)
                 except ValueError as error:
                     raise CapacityError(f"{key} must be a whole number, not {value!r}") from error
+            elif types[key] in ("float", float):
+                try:
+                    values[key] = float(value)
+                except ValueError as error:
+                    raise CapacityError(f"{key} must be a number, not {value!r}") from error
             else:
                 values[key] = value
         return cls(**values).check()
@@ -439,6 +542,8 @@ class Result:
     detail: dict[str, dict[str, Any]]
     cost_per_million_orders_usd: dict[str, float]
     instances: float
+    #: Application Insights records per order, by type (:func:`telemetry`).
+    telemetry: dict[str, dict[str, float]] | None = None
 
     @property
     def bottleneck(self) -> str:
@@ -459,6 +564,8 @@ class Result:
             "cost_per_month_usd": round(self.cost_per_million_orders_usd["total"] * self.orders_per_second
                                         * MONTH_SECONDS / 1e6, 2),
             "functions_instances_per_stamp": round(self.instances, 2),
+            "telemetry_per_order": {kind: {k: round(v, 6) for k, v in values.items()}
+                                    for kind, values in (self.telemetry or {}).items()},
             "per_order": {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(counts_).items()},
             "operations_measured": {"date": operations.get("date"), "orders": operations.get("orders"),
                                     "machine": operations.get("machine")},
@@ -478,8 +585,45 @@ def _tiered(quantity: float, tiers: list[list[float | None]]) -> float:
     return cost
 
 
+def telemetry(c: Counts, shape: Shape, limits: Limits, *, instances: float, rate: float,
+              failing_share: float = FAILING_SHARE) -> dict[str, dict[str, float]]:
+    """What one order adds to Application Insights at the deployment's defaults, by record type:
+    ``{type: {"records": per order, "bytes": per order, "usd_per_million": ...}}``.
+
+    Per order: the app's spans and the dependency spans of its SDK calls, each kept at
+    ``traceSampleRatio`` (a trace is kept whole or not at all); the app's warnings and errors the
+    host forwards (host.json "Function": "Warning" drops the rest, and the host's Executing,
+    Executed and trigger-details traces); a failing order's records (``failing_share`` of the
+    orders: two traces, and one failed invocation's request and exception: "Host.Results": "Error"
+    keeps no request of a successful invocation). Per instance and minute, whatever the load: the
+    app's metric series and the distro's performance counters per export, the host's aggregate
+    rows per flush for each function that runs; shared by the orders the busy instances carry.
+    ``rate`` and ``instances`` are per stamp."""
+    ratio = shape.traceSampleRatio
+    per_minute = 60 / limits["telemetry.metric_export_seconds"]
+    rows_per_instance_minute = (
+        (c.metric_series + limits["telemetry.performance_counters_per_export"]) * per_minute
+        + c.functions_active * limits["telemetry.host_aggregator_rows_per_function_per_flush"]
+        * 60 / limits["telemetry.host_aggregator_flush_seconds"]
+    )
+    metric_rows = rows_per_instance_minute * instances / (rate * 60) if rate > 0 else 0.0
+    kinds = {
+        "spans": (c.spans * ratio, c.span_bytes),
+        "dependencies": (c.sdk_calls * ratio, c.span_bytes),
+        "traces": (c.app_warnings + failing_share * TRACES_PER_FAILING_ORDER, limits["telemetry.bytes.trace"]),
+        "requests": (failing_share * FAILED_INVOCATIONS_PER_FAILING_ORDER, limits["telemetry.bytes.request"]),
+        "exceptions": (failing_share * FAILED_INVOCATIONS_PER_FAILING_ORDER, limits["telemetry.bytes.exception"]),
+        "metrics": (metric_rows, limits["telemetry.bytes.metric_row"]),
+    }
+    price = limits["price.loganalytics.analytics_gb"]
+    return {
+        kind: {"records": records, "bytes": records * size, "usd_per_million": records * size * price / 1e9 * 1e6}
+        for kind, (records, size) in kinds.items()
+    }
+
+
 def evaluate(rate: float, shape: Shape, c: Counts, limits: Limits, *, order_seconds: float = 1.0,
-             polling: dict[str, float] | None = None) -> Result:
+             polling: dict[str, float] | None = None, failing_share: float = FAILING_SHARE) -> Result:
     """Each resource's use as a share of its limit, and the cost per million orders."""
     if rate <= 0:
         raise CapacityError(f"--orders-per-second must be positive, not {rate}")
@@ -542,9 +686,11 @@ def evaluate(rate: float, shape: Shape, c: Counts, limits: Limits, *, order_seco
     tables = million * (c.table_requests * limits["price.table.transactions_per_10k"] / 1e4
                         + c.row_bytes / 1e9 * limits["price.table.gb_month"])
     queues = million * queue_operations * limits["price.queue.operations_per_10k"] / 1e4
-    cost = {"functions": functions, "servicebus": servicebus, "tables": tables, "queues": queues}
+    records = telemetry(c, shape, limits, instances=instances, rate=r, failing_share=failing_share)
+    cost = {"functions": functions, "servicebus": servicebus, "tables": tables, "queues": queues,
+            "telemetry": sum(kind["usd_per_million"] for kind in records.values())}
     cost["total"] = sum(cost.values())
-    return Result(rate, c.steps, shape, util, detail, cost, instances)
+    return Result(rate, c.steps, shape, util, detail, cost, instances, records)
 
 
 @functools.cache
@@ -762,8 +908,8 @@ def markdown(c: Counts, limits: Limits, operations: dict, *, loads=DOC_LOADS, sa
         _stamps_line(stamps_for(TARGET_RATE, LARGEST, c, limits, max_utilisation=max_utilisation)),
         "",
         "| orders/s | cheapest shape | saturates first (share) | Functions | Service Bus | tables | queues | "
-        "total per million orders | per month |",
-        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "telemetry | total per million orders | per month |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for result in results:
         cost = result.cost_per_million_orders_usd
@@ -817,7 +963,7 @@ def chart(path: Path, c: Counts, limits: Limits, *, saga_seconds: float = 1.0,
     rates = [10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
     app = [cheapest(rate, c, limits, max_utilisation=max_utilisation).cost_per_million_orders_usd["total"]
            for rate in rates]
-    series = {"this app (Functions + Service Bus + Storage)": app}
+    series = {"this app (Functions + Service Bus + Storage + telemetry)": app}
     for key, label in (("temporal_cloud", "Temporal Cloud (actions only)"),
                        ("step_functions_standard", "Step Functions Standard (transitions only)"),
                        ("step_functions_express", f"Step Functions Express ({saga_seconds:g} s per order)")):
@@ -934,7 +1080,22 @@ def main(argv: list[str] | None = None) -> int:
     cost = result.cost_per_million_orders_usd
     print("cost per million orders: " + ", ".join(f"{s} {_money(cost[s])}" for s in SERVICES)
           + f"; total {_money(cost['total'])} ({datetime.now(UTC):%Y-%m-%d}, list prices)")
+    print(telemetry_text(result))
     return 0
+
+
+def telemetry_text(result: Result) -> str:
+    """The telemetry line's parts: Application Insights records per order by type, their bytes and cost."""
+    records = result.telemetry or {}
+    lines = [f"telemetry per order (traceSampleRatio {result.shape.traceSampleRatio:g}; "
+             f"{FAILING_SHARE:.0%} of orders assumed to fail; workspace retention 30 days, within the free 90):"]
+    for kind, values in records.items():
+        lines.append(f"  {kind:13} {values['records']:8.4f} records  {values['bytes']:8.1f} bytes  "
+                     f"{_money(values['usd_per_million'])} per million orders")
+    total = sum(values["bytes"] for values in records.values())
+    lines.append(f"  {'all':13} {'':8}          {total:8.1f} bytes  "
+                 f"{_money(result.cost_per_million_orders_usd['telemetry'])} per million orders")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

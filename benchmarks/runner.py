@@ -30,6 +30,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from adapters import telemetry
 from adapters.store import StateStore
 from benchmarks import azurite_log, capacity, ceiling, hostcpu, pipeline, recovery, resilience, sync_agents
 from benchmarks.azurite_log import FRIENDLY, AzuriteLog, service_of
@@ -666,6 +667,8 @@ class Runner:
         effects_before = stack.remote.effects()["total"]
         logs = list(stack.host_logs)
         offsets = [path.stat().st_size for path in logs]
+        telemetry_files = [(path, path.stat().st_size if path.exists() else 0)
+                           for path in (*stack.spans_files, *stack.metrics_files)]
         meter = CpuMeter(stack.pids)
         meter.start()
         t1 = time.monotonic()
@@ -682,6 +685,14 @@ class Runner:
         cpu = meter.stop()
         end, t2 = log.mark(), time.monotonic()
         sb = pipeline.delta(stack.sb_counts(), sb_before)
+        time.sleep(max(telemetry.LOCAL_SPAN_DELAY_MS, telemetry.LOCAL_METRIC_INTERVAL_MS) / 1000 + 1)  # the last exports
+        spans_files = set(stack.spans_files)
+        telemetry_counts = capacity.telemetry_record(
+            orders=count, prefix="ops-", processes=len(stack.hosts),
+            spans=[(path, offset) for path, offset in telemetry_files if path in spans_files],
+            metrics=[(path, offset) for path, offset in telemetry_files if path not in spans_files],
+            logs=list(zip(logs, offsets)),
+        )
         operations = log.since(idle_end, end)
         invoked = pipeline.invocations(logs, offsets)
         window = t2 - t1
@@ -813,8 +824,12 @@ class Runner:
                         "fixed": {k: totals["fixed"][k] / count for k in columns}},
             invocations=invoked,
             cpu_seconds=cpu, payload_bytes=ceiling.payload_bytes(stack.settings_object().step_defaults()),
-            idle=self.results.get("idle"),
+            idle=self.results.get("idle"), telemetry=telemetry_counts,
         )
+        section.figure("spans_per_order", "the app's spans per order (kept in Azure at traceSampleRatio)",
+                       telemetry_counts["spans_per_order"], "",
+                       note=f"{telemetry_counts['span_bytes_per_order']:,.0f} bytes per order as the spans files "
+                            "write them (JSON lines)")
         hostcpu.report(section, cpu, count)
         section.intro = (
             f"{count} orders of {steps_per_order} steps with no faults through one host, counted at the servers: "

@@ -93,8 +93,8 @@ param workerThreads int = 16
 @description('SUPERVISOR_SCHEDULE: NCRONTAB with seconds (six fields) for the supervisor\'s timer.')
 param supervisorSchedule string = '*/15 * * * * *'
 
-@description('OTEL_TRACES_SAMPLER_ARG: the share of orders whose trace is kept in Application Insights, 0 to 1 (1: every order). Decided once per trace, from its id, so an order is kept whole or not at all; metrics are never sampled.')
-param traceSampleRatio string = '1.0'
+@description('OTEL_TRACES_SAMPLER_ARG: the share of orders whose trace is kept in Application Insights, 0 to 1 (1: every order). Decided once per trace, from its id, so an order is kept whole or not at all; metrics are never sampled, and every order stays in the state store, failed ones with a record the Functions host always keeps (docs/observability.md). The default, one order in 100, keeps telemetry under $1 per million orders (docs/scale.md).')
+param traceSampleRatio string = '0.01'
 
 // Flex Consumption scale settings.
 @minValue(40)

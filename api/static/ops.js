@@ -238,7 +238,7 @@
       ? `${spans.length} spans in ${trace.trace_ids.length} trace(s); ${s.calls} calls to remote services; ` +
         `${s.retries} supervisor retries, ${s.giveUps} give-ups; ${s.compensations} compensation attempts; ` +
         `hosts: ${[...s.hosts].join(", ")}`
-      : "no spans for this order";
+      : "no spans kept for this order (traces are sampled: its steps, attempts and errors below are the state store's)";
     const note = $("#timeline-note");
     note.textContent = trace.note || "";
     note.hidden = !trace.note;

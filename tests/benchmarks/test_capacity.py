@@ -259,7 +259,7 @@ def test_the_cheapest_shape_costs_no_more_than_any_shape_that_holds(counts, limi
 def test_costs_add_up(counts, limits):
     for rate, shape in ((50, Shape()), (1000, Shape(serviceBusSku="Premium", serviceBusCapacity=8))):
         cost = capacity.evaluate(rate, shape, counts, limits).cost_per_million_orders_usd
-        assert set(cost) == {"functions", "servicebus", "tables", "queues", "total"}
+        assert set(cost) == {"functions", "servicebus", "tables", "queues", "telemetry", "total"}
         assert cost["total"] == pytest.approx(sum(cost[s] for s in capacity.SERVICES))
         assert all(cost[s] > 0 for s in capacity.SERVICES)
     # By hand: Premium is a fixed price per messaging unit and hour, spread over the orders.
@@ -390,3 +390,35 @@ def test_the_ceiling_of_one_stamp_is_where_its_first_resource_reaches_the_share(
     assert "table.partition.order" not in rates, "an order's partition does not fill with the load"
     largest = capacity.ceiling(capacity.LARGEST, counts, limits)
     assert next(iter(largest.values())) > rate
+
+
+def test_the_telemetry_line(counts, limits):
+    """Each record type by hand: the sampled spans and their dependency spans scale with traceSampleRatio;
+    the failing orders' records do not; the per-instance metrics are shared by the orders the instances carry."""
+    assert counts.spans > 0 and counts.span_bytes > 0 and counts.sdk_calls > counts.table_requests
+    price = limits["price.loganalytics.analytics_gb"] / 1e9 * 1e6  # USD per million orders, per byte per order
+    shape = Shape(serviceBusSku="Premium", serviceBusCapacity=8)
+    default = capacity.evaluate(1000, shape, counts, limits)
+    every = capacity.evaluate(1000, replace(shape, traceSampleRatio=1.0), counts, limits)
+    spans = every.telemetry["spans"]
+    assert spans["records"] == pytest.approx(counts.spans)
+    assert spans["usd_per_million"] == pytest.approx(counts.spans * counts.span_bytes * price)
+    for kind in ("spans", "dependencies"):
+        assert default.telemetry[kind]["usd_per_million"] == pytest.approx(every.telemetry[kind]["usd_per_million"]
+                                                                          * shape.traceSampleRatio)
+    for kind in ("traces", "requests", "exceptions"):  # a failed order's records: kept whatever the sampling
+        assert default.telemetry[kind] == every.telemetry[kind]
+    failing = capacity.FAILING_SHARE
+    assert default.telemetry["traces"]["records"] == pytest.approx(counts.app_warnings + 2 * failing)
+    assert default.telemetry["requests"]["bytes"] == pytest.approx(failing * limits["telemetry.bytes.request"])
+    # Metrics are per instance and minute: per order, they shrink as the instances fill up.
+    rows = default.telemetry["metrics"]["records"]
+    per_minute = ((counts.metric_series + limits["telemetry.performance_counters_per_export"])
+                  + counts.functions_active * limits["telemetry.host_aggregator_rows_per_function_per_flush"] * 2)
+    assert rows == pytest.approx(per_minute * default.instances / (1000 * 60))
+    assert default.cost_per_million_orders_usd["telemetry"] == pytest.approx(
+        sum(kind["usd_per_million"] for kind in default.telemetry.values()))
+    # The deployed defaults keep the line under a dollar per million orders (issue 36's target).
+    assert default.cost_per_million_orders_usd["telemetry"] < 1.0
+    assert every.cost_per_million_orders_usd["telemetry"] > 10 * default.cost_per_million_orders_usd["telemetry"]
+

@@ -246,4 +246,27 @@ def test_the_operator_page_in_a_browser(stack, browser):
     page.until(lambda: int(browser.find_element(By.TAG_NAME, "body").get_attribute("data-refreshed")) > seen + 3000,
                "two refreshes after the search", timeout=20)
     assert "customer not a customer?" in page.read(lambda: browser.find_element(By.ID, "problem").text)
+
+    # Traces sampled as the Bicep deploys them (one order in 100 kept; here none, by trace id, as
+    # Application Insights' fixed-percentage sampler decides): a host that keeps no span.
+    # A failed order is still explained: the page's steps, attempts and errors come from the
+    # state store, and the host log (Application Insights' traces, in Azure) keeps its record.
+    assert host.terminate() == 0
+    (sampled,) = stack.start_hosts(API_AUTH="none", OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG="0")
+    stack.remote.set_faults(script={"o-s/ship": ["permanent"]})
+    stack.send([("o-s", order_json("o-s"))])
+    assert stack.wait_closed(["o-s"], timeout=60)["o-s"].process_state is ProcessState.COMPENSATED
+    browser.get(f"{sampled.http_url}/api/ops")
+    page.open_timeline("o-s")
+    page.until(lambda: "no spans kept" in browser.find_element(By.ID, "timeline-summary").text
+               and ("charge", "compensation") in page.steps(), "o-s's timeline from the state store")
+    steps = page.read(page.steps)
+    assert steps[("ship", "action")]["state"] == "Refused"
+    assert all(steps[key]["state"] == "Done" for key in (("charge", "compensation"), ("reserve", "compensation")))
+    assert "Compensated" in page.read(lambda: browser.find_element(By.ID, "timeline-state").text)
+    record = sampled.wait_for_log(r"\[Function\.complete_step\.User\] order o-s ended Compensated at .*").group(0)
+    trace_id = stack.state("o-s").trace_parent.split("-")[1]
+    assert "refused" in record and f"trace {trace_id}" in record
+    assert stack.spans("o-s") == []
+    page.screenshot("timeline-sampled-out")
     stack.assert_remote_clean()

@@ -6,6 +6,7 @@ telemetry files are never set in Azure."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from adapters.settings import Settings
 from core import names
 from core.models import ProcessState
+from tests import ROOT
 from tests.infra import bicep
 from tests.infra.conftest import DEPLOY_PARAMS, MAIN, app_settings_of
 
@@ -46,12 +48,23 @@ def workbook_queries(deployment) -> dict[str, dict]:
     return {item["name"]: item["content"] for item in content["items"] if item["type"] == 3}
 
 
+#: Application Insights' tables that sampling thins (the host's adaptive sampling, the app's trace sampler):
+#: an alert or a chart that read them would count a share of the orders.
+SAMPLED_TABLES = ("requests", "dependencies", "traces", "exceptions", "AppRequests", "AppDependencies", "AppTraces",
+                  "AppExceptions")
+
+
 def test_the_alerts_and_the_workbook_query_only_metrics_the_app_records(deployment):
     queries = [rule.properties["criteria"]["allOf"][0]["query"] for rule in rules(deployment).values()]
     queries += [item["query"] for item in workbook_queries(deployment).values()]
     assert len(queries) >= 4
     for query in queries:
         assert "customMetrics" in query, query
+        # customMetrics are pre-aggregated and never sampled: the alerts and charts see every order
+        # whatever traceSampleRatio and host.json's sampling keep of the traces.
+        tables = set(re.findall(r"^\s*([A-Za-z_]+)\s*$", query, re.MULTILINE))
+        assert not tables & set(SAMPLED_TABLES), f"a sampled table in {query}"
+        assert not re.search(r"\b(" + "|".join(SAMPLED_TABLES) + r")\s*\|", query), query
         assert metrics_in(query), f"no metric named in {query}"
         unknown_metrics, unknown_attributes = metrics_in(query) - set(names.METRICS), attributes_in(query) - ATTRIBUTES
         assert not unknown_metrics, f"not a metric of core.names: {unknown_metrics}"
@@ -130,7 +143,8 @@ def test_telemetry_goes_to_application_insights_with_the_apps_identity_and_sampl
     # The local stack's files are never set in Azure.
     assert names.SPANS_FILE_SETTING not in deployed_settings and names.METRICS_FILE_SETTING not in deployed_settings
     assert deployed_settings["OTEL_TRACES_SAMPLER"] == "microsoft.fixed_percentage"
-    assert deployed_settings["OTEL_TRACES_SAMPLER_ARG"] == "1.0"  # every order's trace, by default
+    # One order's trace in 100 by default: docs/scale.md, "The telemetry line" (its cost per million orders).
+    assert deployed_settings["OTEL_TRACES_SAMPLER_ARG"] == "0.01"
     lower = app_settings_of(bicep.evaluate(MAIN, {**DEPLOY_PARAMS, "traceSampleRatio": "0.25"}))
     assert lower["OTEL_TRACES_SAMPLER_ARG"] == "0.25"
 
@@ -177,4 +191,18 @@ def test_the_identity_is_read_from_the_authentication_string_as_the_host_reads_i
     else:
         monkeypatch.setenv(names.APPINSIGHTS_AUTHENTICATION_SETTING, authentication)
     assert Settings().telemetry_identity() == expected
+
+
+def test_host_json_keeps_what_explains_a_failure_and_drops_what_every_invocation_writes():
+    """The host's share of the bill (docs/observability.md, "What each setting costs"): no request record of a
+    successful invocation, no Executing/Executed/trigger traces, no worker line per invocation, no dependency
+    of the host's own polling; every warning and error of the app (a failed order's record) and every failed
+    invocation's request and exception kept, never sampled; the host's aggregate metrics kept."""
+    logging = json.loads((ROOT / "host.json").read_text())["logging"]
+    assert logging["logLevel"] == {"default": "Information", "Host.Results": "Error", "Function": "Warning",
+                                   "Worker": "Warning", "Host.Aggregator": "Information"}
+    insights = logging["applicationInsights"]
+    assert insights["enableDependencyTracking"] is False
+    assert insights["samplingSettings"]["isEnabled"] is True
+    assert set(insights["samplingSettings"]["excludedTypes"].split(";")) == {"Request", "Exception", "Trace"}
 
