@@ -7,6 +7,8 @@ import os
 import random
 import uuid
 
+import pytest
+
 from adapters.ids import random_uuid
 from tools.funchost import invoke
 
@@ -33,6 +35,8 @@ def _draws() -> str:
     return "".join(random_uuid().hex for _ in range(4)) + f"{invoke._ids.getrandbits(128):032x}"
 
 
+# The child only draws ids and writes them to a pipe: no lock another thread holds is touched.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
 def test_a_forked_child_draws_other_ids_than_its_parent():
     read, write = os.pipe()
     pid = os.fork()
