@@ -198,36 +198,36 @@ def _lines_after(path: Path, offset: int) -> list[str]:
         return handle.read().decode("utf-8", "replace").splitlines()
 
 
+def _records_after(files: list[tuple[Path, int]]):
+    """Each JSON line of the files after its offset, with its size in bytes (newline included); a line
+    still being written (not JSON yet) is skipped."""
+    for path, offset in files:
+        for line in _lines_after(path, offset):
+            try:
+                yield json.loads(line), len(line.encode("utf-8")) + 1
+            except ValueError:
+                continue
+
+
 def telemetry_record(*, orders: int, prefix: str, spans: list[tuple[Path, int]], metrics: list[tuple[Path, int]],
                      logs: list[tuple[Path, int]], processes: int) -> dict:
     """What the app's telemetry made during the ops phase, per order: its spans (and their bytes as the
     spans files write them, JSON lines), the app's log records the hosts logged by level, and the metric
     series each process exported (from after each file's ``offset``)."""
     span_count, span_bytes, by_name = 0, 0, Counter()
-    for path, offset in spans:
-        for line in _lines_after(path, offset):
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if str((record.get("attributes") or {}).get(names.ATTR_ORDER_ID, "")).startswith(prefix):
-                span_count += 1
-                span_bytes += len(line.encode("utf-8")) + 1
-                by_name[record.get("name", "?")] += 1
+    for record, size in _records_after(spans):
+        if str((record.get("attributes") or {}).get(names.ATTR_ORDER_ID, "")).startswith(prefix):
+            span_count += 1
+            span_bytes += size
+            by_name[record.get("name", "?")] += 1
     levels: Counter[str] = Counter()
     for path, offset in logs:
         for line in _lines_after(path, offset):
             match = _USER_LOG.match(line)
             if match:
                 levels[match[1]] += 1
-    series: set[tuple[str, str]] = set()
-    for path, offset in metrics:
-        for line in _lines_after(path, offset):
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            series.add((record.get("name", "?"), json.dumps(record.get("attributes") or {}, sort_keys=True)))
+    series = {(record.get("name", "?"), json.dumps(record.get("attributes") or {}, sort_keys=True))
+              for record, _ in _records_after(metrics)}
     return {
         "spans_per_order": span_count / orders,
         "span_bytes_per_order": span_bytes / orders,
