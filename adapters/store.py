@@ -69,12 +69,14 @@ from azure.core.exceptions import (
     ServiceResponseError,
 )
 from azure.data.tables import TableClient, UpdateMode
+from pydantic import TypeAdapter
 
 from adapters import telemetry
 from adapters.ids import random_uuid
 from core import lifecycle, names, retention
 from core.models import (
     FIRST_CLAIM_PREFIX,
+    GroupLine,
     LineRecord,
     LineState,
     OrderRequest,
@@ -173,15 +175,21 @@ _STATE_FIELDS = {
     "cancel_requested_at": "CancelRequestedAt",
     "cancel_reason": "CancelReason",
     "cancelled_by": "CancelledBy",
+    "group": "Group",
 }
 #: Optional values are written as "" (or 0) rather than left out: a MERGE that leaves
 #: a property out keeps its old value, so clearing LockedBy must write something.
 _OPTIONAL_TEXT = {"LockedBy", "LastError", "ReplyTo", "Step", "Cause", "Note", "TraceParent", "CancelReason", "CancelledBy"}
 _OPTIONAL_NUMBER = {"MaxFailures"}
 _INDEX_LISTS = {"Plan", "Failed"}
+#: The lines of a group in flight, as JSON text ("" when none): core.models.GroupLine.
+_GROUP = "Group"
+_GROUP_LINES = TypeAdapter(tuple[GroupLine, ...])
 
 
 def _to_property(prop: str, value: Any) -> Any:
+    if prop == _GROUP:
+        return _GROUP_LINES.dump_json(value).decode() if value else ""
     if isinstance(value, Enum):
         return value.value
     if prop in _INDEX_LISTS:
@@ -194,6 +202,8 @@ def _to_property(prop: str, value: Any) -> Any:
 
 
 def _from_property(prop: str, value: Any) -> Any:
+    if prop == _GROUP:
+        return _GROUP_LINES.validate_json(value) if value else ()
     if prop in _INDEX_LISTS:
         return tuple(int(i) for i in value.split(",")) if value else ()
     if prop in _OPTIONAL_TEXT and value == "":

@@ -236,6 +236,48 @@ class ProcessState(str, Enum):
         return self in (ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.ERROR)
 
 
+class LineRun(str, Enum):
+    """Where one line of a group in flight stands (:class:`GroupLine`): not ended
+    (Pending, Processing), or how it ended (the :class:`LineState` of its row)."""
+
+    PENDING = "Pending"
+    PROCESSING = "Processing"
+    DONE = "Done"
+    REFUSED = "Refused"
+    EXHAUSTED = "Exhausted"
+    #: Not run again: its group stopped (a sibling failed, or a cancel) while it waited
+    #: for a retry; its earlier attempts, settled, are undone with the others.
+    CANCELLED = "Cancelled"
+
+    @property
+    def open(self) -> bool:
+        return self in (LineRun.PENDING, LineRun.PROCESSING)
+
+
+class GroupLine(BaseModel):
+    """One line of a group of steps that run at once (core/workflow.py ``Parallel``),
+    while the group is in flight: the generic part of a line, kept per line on the state
+    row (``OrderState.group``). The supervisor reads it as it reads a lone line's fields on
+    the row: deadline, failures, attempt; never what the step does."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step_index: int
+    step: str
+    state: LineRun
+    #: The fencing token of its last claim (from the order's one counter, ``OrderState.attempt``).
+    attempt: int = 0
+    #: Processing: its attempt's Complete-By. Pending: when it is due, plus the pending timeout.
+    complete_by: AwareDatetime
+    #: The latest Complete-By of any attempt of it: no request of the line acts after it.
+    acts_until: AwareDatetime | None = None
+    failure_count: int = 0
+    max_failures: int | None = None
+    postponements: int = 0
+    gave_up: bool = False
+    last_error: str | None = None
+
+
 class OrderState(BaseModel):
     """The process state of one order (the ``state`` row of its partition).
 
@@ -290,6 +332,11 @@ class OrderState(BaseModel):
     cancel_requested_at: AwareDatetime | None = None
     cancel_reason: str | None = None
     cancelled_by: str | None = None
+    #: The lines of a group of steps that run at once, while the group is in flight (its
+    #: actions; empty otherwise). The current line is then the group's first step, and
+    #: ``process_state``, ``complete_by`` and ``attempt`` sum the lines up: Processing while
+    #: one is with its agent, the earliest deadline of the open ones, the last attempt given.
+    group: tuple[GroupLine, ...] = ()
     #: The row's ETag when it was read (not stored); every transition is If-Match on it.
     etag: str | None = None
 

@@ -161,6 +161,37 @@ class Step:
         return self.action if kind is Kind.ACTION else self.compensate
 
 
+@dataclass(frozen=True, init=False)
+class Parallel:
+    """Steps that run at once: a group of a workflow (docs/workflows.md, "Steps that run
+    at once"). Every line of the group is claimed in one write and sent to its agent; each
+    keeps its own attempt, deadline, idempotency key, retries and supervision. The order
+    moves past the group only when every line of it is done. When one is refused or gives
+    up, no line of the group starts again; the lines still in flight settle first (their
+    answer, or their deadline), then every line of the group that was applied or whose
+    outcome is unknown is undone, with the steps before the group, newest first.
+
+    Its steps call remotes (a waiting step waits alone) and can each be undone: undoing
+    the group when one of its lines fails must be possible whatever line fails."""
+
+    steps: tuple[Step, ...]
+
+    def __init__(self, *steps: Step) -> None:
+        object.__setattr__(self, "steps", tuple(steps))
+        if len(self.steps) < 2:
+            raise ValueError(f"a group of steps that run at once needs two steps or more, not {len(self.steps)}")
+        for step in self.steps:
+            if not isinstance(step, Step):
+                raise ValueError(f"a group holds steps only, not {step!r} (groups do not nest)")
+            if step.waiting:
+                raise ValueError(f"step {step.name!r} waits for an event: a waiting step cannot run in a group")
+            if step.compensate is None:
+                raise ValueError(
+                    f"step {step.name!r} cannot be undone: every step of a group must declare its compensation, "
+                    "so that the group can be undone whichever of its lines fails"
+                )
+
+
 #: An order's rows are written in entity-group transactions of at most 100 entities
 #: (learn.microsoft.com/azure/storage/tables/scalability-targets). The largest: importing
 #: a finished order (order + state + an action and an undo row per step: 2 + 2 * 49 = 100);
@@ -171,11 +202,25 @@ MAX_STEPS = 49
 
 @dataclass(frozen=True)
 class Workflow:
+    """A workflow definition: its stages in order, each a :class:`Step` or a
+    :class:`Parallel` group of steps. ``steps`` is every step, in order (a group's in
+    the order it lists them): a step's index there is its place in the order's rows, names
+    and undo order; ``stages`` says which indexes run at once."""
+
     name: str
     version: int
     steps: tuple[Step, ...]
+    #: The stages, as step indexes: ``(0,)`` a step alone, ``(0, 1)`` a group.
+    stages: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        stages, flat = [], []
+        for stage in self.steps:
+            members = stage.steps if isinstance(stage, Parallel) else (stage,)
+            stages.append(tuple(range(len(flat), len(flat) + len(members))))
+            flat.extend(members)
+        object.__setattr__(self, "steps", tuple(flat))
+        object.__setattr__(self, "stages", tuple(stages))
         if not self.steps:
             raise ValueError(f"workflow {self.name} v{self.version} has no steps")
         if len(self.steps) > MAX_STEPS:
@@ -205,6 +250,18 @@ class Workflow:
     @property
     def key(self) -> tuple[str, int]:
         return self.name, self.version
+
+    def stage_of(self, index: int) -> tuple[int, ...]:
+        """The indexes of the steps that run at once with step ``index``, itself among them."""
+        return next(stage for stage in self.stages if index in stage)
+
+    def in_group(self, index: int) -> bool:
+        """Whether step ``index`` runs at once with others (a :class:`Parallel` group's)."""
+        return len(self.stage_of(index)) > 1
+
+    @property
+    def parallel(self) -> bool:
+        return any(len(stage) > 1 for stage in self.stages)
 
     def __str__(self) -> str:
         return f"{self.name} v{self.version}"
@@ -237,6 +294,17 @@ APPROVAL_WORKFLOW = Workflow(
     ),
 )
 
+#: The order workflow with its first two steps at once: the stock is reserved and the
+#: payment taken together (neither needs the other's result), then the order ships. If
+#: either is refused or gives up, the other settles and whatever of the two was applied is
+#: undone. An order chooses it with ``"workflow": "order-parallel"`` (docs/workflows.md).
+PARALLEL_WORKFLOW = Workflow(
+    "order-parallel",
+    1,
+    (Parallel(*ORDER_WORKFLOW.steps[:2]), *ORDER_WORKFLOW.steps[2:]),
+)
+
+
 def registry(*definitions: Workflow) -> dict[tuple[str, int], Workflow]:
     """The definitions by (name, version); two under one key are refused (orders in flight
     on the first would go on with the other's steps)."""
@@ -250,7 +318,7 @@ def registry(*definitions: Workflow) -> dict[tuple[str, int], Workflow]:
 
 #: Every definition an order may be running on, by (name, version). Keep old versions
 #: here until no order runs on them.
-WORKFLOWS: dict[tuple[str, int], Workflow] = registry(ORDER_WORKFLOW, APPROVAL_WORKFLOW)
+WORKFLOWS: dict[tuple[str, int], Workflow] = registry(ORDER_WORKFLOW, APPROVAL_WORKFLOW, PARALLEL_WORKFLOW)
 
 #: What a new order starts on.
 CURRENT = ORDER_WORKFLOW
