@@ -15,8 +15,8 @@ import json
 import math
 import re
 
-from core.models import ORDER_ID_PATTERN, AgentRequest, AgentResponse, Nudge, OrderState, ProcessState
-from core.workflow import UnknownWorkflow, Workflow, workflow
+from core.models import ORDER_ID_PATTERN, AgentRequest, AgentResponse, LineRun, Nudge, OrderState, ProcessState
+from core.workflow import Kind, UnknownWorkflow, Workflow, workflow
 
 #: The one form of ETag Table Storage gives an entity (and Azurite does too): weak, a
 #: ``datetime`` literal of the entity's Timestamp, URL-encoded, e.g.
@@ -92,14 +92,21 @@ def _nudge(nudge: Nudge) -> None:
     _within(state, definition)
 
 
-def _fence(order_id: str, step: str, kind, attempt: int, fence: OrderState) -> Workflow:
-    """The fence a request or response carries: the row as claimed for this attempt."""
+def _fence(order_id: str, step: str, kind, attempt: int, fence: OrderState) -> tuple[Workflow, int]:
+    """The fence a request or response carries: the row as claimed for this attempt (in
+    a group: with that line Processing). The workflow, and the index of the step named."""
     _order_id(order_id)
     if not 1 <= attempt <= MAX_ATTEMPT:
         raise Untrusted(f"attempt {attempt} is not between 1 and {MAX_ATTEMPT}")
     if fence.order_id != order_id:
         raise Untrusted(f"its fence is of order {fence.order_id[:120]!r}, not {order_id!r}")
-    if (fence.attempt, fence.step, fence.kind) != (attempt, step, kind):
+    index = fence.step_index
+    if fence.group:
+        line = next((line for line in fence.group if (line.step, line.attempt) == (step, attempt)), None)
+        if line is None or line.state is not LineRun.PROCESSING or kind is not Kind.ACTION:
+            raise Untrusted(f"its fence's group has no {kind.value} {step[:60]!r} in flight at attempt {attempt}")
+        index = line.step_index
+    elif (fence.attempt, fence.step, fence.kind) != (attempt, step, kind):
         raise Untrusted(
             f"its fence (attempt {fence.attempt}, {fence.kind.value} {str(fence.step)[:60]!r}) is not the line it names"
         )
@@ -112,9 +119,9 @@ def _fence(order_id: str, step: str, kind, attempt: int, fence: OrderState) -> W
     except UnknownWorkflow as error:
         raise Untrusted(str(error)) from None
     _within(fence, definition)
-    if definition.steps[fence.step_index].action_of(kind) is None:
+    if definition.steps[index].action_of(kind) is None:
         raise Untrusted(f"step {step!r} has no {kind.value}")
-    return definition
+    return definition, index
 
 
 def _within(state: OrderState, definition: Workflow) -> None:
@@ -129,6 +136,13 @@ def _within(state: OrderState, definition: Workflow) -> None:
         raise Untrusted(f"its plan or failed steps name a step {definition} does not have")
     if state.attempt < 0 or state.attempt > MAX_ATTEMPT:
         raise Untrusted(f"attempt {state.attempt} is out of range")
+    if state.group:
+        stage = definition.stage_of(state.step_index)
+        named = tuple((line.step_index, line.step) for line in state.group)
+        if state.kind is not Kind.ACTION or named != tuple((i, definition.steps[i].name) for i in stage) or len(stage) < 2:
+            raise Untrusted(f"its group's lines are not a group of {definition} starting at step {state.step_index}")
+        if any(not 0 <= line.attempt <= state.attempt for line in state.group):
+            raise Untrusted("a line of its group has an attempt the order never gave")
 
 
 def _response(response: AgentResponse) -> None:
@@ -141,8 +155,8 @@ def _response(response: AgentResponse) -> None:
 
 
 def _request(request: AgentRequest, remote: str) -> None:
-    definition = _fence(request.order_id, request.step, request.kind, request.attempt, request.context.fence)
-    step = definition.steps[request.context.fence.step_index]
+    definition, index = _fence(request.order_id, request.step, request.kind, request.attempt, request.context.fence)
+    step = definition.steps[index]
     if request.remote != remote or step.remote != remote:
         raise Untrusted(f"step {step.name!r} runs at {step.remote!r}, not at {remote!r} (request names {request.remote[:60]!r})")
     if request.action != step.action_of(request.kind):

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 
-from core.models import AgentResponse, LineRecord, LineState, OrderState, Outcome, ProcessState
+from core.models import AgentResponse, GroupLine, LineRecord, LineRun, LineState, OrderState, Outcome, ProcessState
 from core.workflow import Kind, Step, StepPolicy, UnknownWorkflow, Workflow, workflow
 
 #: LastError is a Table string property: keep it far below the 64 KiB limit.
@@ -54,10 +54,15 @@ class Transition:
     lines: tuple[LineRecord, ...] = ()
     #: For a line sent back to Pending: when the scheduler should be nudged again.
     nudge_delay: timedelta | None = None
+    #: In a group (``state.group``): the step indexes of the lines this write claimed, each
+    #: to go to its agent (the others are in flight already, or waiting, or ended).
+    claimed: tuple[int, ...] = ()
 
     @property
     def dispatch(self) -> bool:
         """True when ``state`` is claimed for a line that must now go to its agent."""
+        if self.state.group:
+            return bool(self.claimed)
         return self.state.process_state is ProcessState.PROCESSING
 
 
@@ -131,6 +136,7 @@ def _end(state: OrderState, end: ProcessState, now: datetime, last_error: str | 
             "locked_by": None,
             "gave_up": False,
             "postponements": 0,
+            "group": (),
             "last_error": _error(last_error),
             "updated_at": now,
             **changes,
@@ -172,6 +178,10 @@ def claim(
     Nor is an action of a cancelled order run (:func:`_cancel_pending`; ``ended``: the
     order's ended lines, as read).
     """
+    if state.group and not state.process_state.terminal:
+        # A group: the lines that are due, whatever the others are doing (:func:`_group_next`).
+        return _group_next(state, workflow, instance, now, defaults, list(state.group), [],
+                           pending_timeout=pending_timeout)
     if state.process_state is not ProcessState.PENDING:
         return None
     if state.gave_up:
@@ -183,11 +193,16 @@ def claim(
     if state.kind is Kind.COMPENSATION and step_of(state, workflow).compensate is None:
         # Only reachable through a resubmit of a line that cannot be undone.
         return _compensate_next(state, workflow, instance, now, defaults, [], failed_now=True)
+    if state.kind is Kind.ACTION and workflow.in_group(state.step_index):
+        return _start_group(state, workflow, state.step_index, instance, now, defaults)  # a new order's first stage
     return Transition(_start(state, workflow, state.step_index, state.kind, instance, now, defaults))
 
 
 def accepts_response(state: OrderState, response: AgentResponse) -> bool:
-    """Fencing: only a response for the current attempt of a Processing row counts."""
+    """Fencing: only a response for the current attempt of a Processing row counts (in a
+    group: of a Processing line of it)."""
+    if state.group:
+        return state.process_state is ProcessState.PROCESSING and _group_line(state, response) is not None
     return (
         state.process_state is ProcessState.PROCESSING
         and state.attempt == response.attempt
@@ -205,6 +220,8 @@ def complete(
     """
     if not accepts_response(state, response):
         return None
+    if state.group:
+        return _complete_in_group(state, response, workflow, instance, now, defaults)
     if step_of(state, workflow).waiting:
         return None  # a waiting line is ended by its event or its deadline, never by an agent
     if state.kind is Kind.ACTION:
@@ -233,18 +250,221 @@ def complete(
 
 
 def _advance(
-    state: OrderState, workflow: Workflow, instance: str, now: datetime, defaults: StepPolicy, done: LineRecord
+    state: OrderState, workflow: Workflow, instance: str, now: datetime, defaults: StepPolicy,
+    *done: LineRecord,
 ) -> Transition:
-    """The current action is done: claim the next step, or end the order Processed."""
-    if state.step_index + 1 == len(workflow.steps):
-        return Transition(_end(state, ProcessState.PROCESSED, now, None, failure_count=0), (done,))
+    """The current action (or group) is done: claim the next stage, or end the order Processed."""
+    last = workflow.stage_of(state.step_index)[-1]
+    if last + 1 == len(workflow.steps):
+        return Transition(_end(state, ProcessState.PROCESSED, now, None, failure_count=0), done)
+    if workflow.in_group(last + 1):
+        return _start_group(state, workflow, last + 1, instance, now, defaults, done)
     return Transition(
         _start(
-            state, workflow, state.step_index + 1, Kind.ACTION, instance, now, defaults,
-            failure_count=0, last_error=None,
+            state, workflow, last + 1, Kind.ACTION, instance, now, defaults,
+            failure_count=0, last_error=None, group=(),
         ),
-        (done,),
+        done,
     )
+
+
+# --- groups: steps that run at once --------------------------------------------------
+#
+# While a group (core/workflow.py ``Parallel``) is in flight, the state row's current line
+# is the group's first step and ``OrderState.group`` holds one GroupLine per step: each with
+# its own attempt (from the order's one counter), deadline, failures and postponements. The
+# row sums them up (:func:`_summed`), so that the sweep finds it by its earliest deadline.
+# Every decision on a group row goes through :func:`_group_next`: the group is one write
+# away from its next move whatever line answered, timed out or was nudged.
+
+
+def _new_line(
+    workflow: Workflow, index: int, attempt: int, now: datetime, defaults: StepPolicy, line: GroupLine | None = None
+) -> GroupLine:
+    """Line ``index`` claimed with ``attempt`` (its earlier failures, if any, kept)."""
+    step = workflow.steps[index]
+    policy = step.policy_over(defaults)
+    complete_by = now + timedelta(seconds=policy.timeout_seconds)
+    base = line or GroupLine(step_index=index, step=step.name, state=LineRun.PENDING, complete_by=complete_by)
+    return base.model_copy(
+        update={
+            "state": LineRun.PROCESSING, "attempt": attempt, "complete_by": complete_by,
+            "acts_until": max(complete_by, base.acts_until or complete_by), "max_failures": policy.max_failures,
+            "gave_up": False,
+        }
+    )
+
+
+def _summed(state: OrderState, lines: Sequence[GroupLine], instance: str | None, now: datetime, **changes) -> OrderState:
+    """The row for a group whose lines are ``lines``: Processing while one is with its
+    agent, due at the earliest deadline of the open ones, the last attempt given."""
+    open_lines = [line for line in lines if line.state.open]
+    processing = any(line.state is LineRun.PROCESSING for line in lines)
+    update = {
+        "group": tuple(lines),
+        "process_state": ProcessState.PROCESSING if processing else ProcessState.PENDING,
+        "locked_by": instance if processing else None,
+        "attempt": max([state.attempt, *(line.attempt for line in lines)]),
+        "updated_at": now,
+        "failure_count": 0, "postponements": 0, "gave_up": False, "max_failures": None,
+        **changes,
+    }
+    if open_lines:
+        update["complete_by"] = min(line.complete_by for line in open_lines)
+    return state.model_copy(update=update)
+
+
+def _start_group(
+    state: OrderState, workflow: Workflow, first: int, instance: str, now: datetime, defaults: StepPolicy,
+    done: Sequence[LineRecord] = (),
+) -> Transition:
+    """Claim every line of the group that starts at step ``first``, in one write."""
+    stage = workflow.stage_of(first)
+    lines = [_new_line(workflow, index, state.attempt + n, now, defaults) for n, index in enumerate(stage, 1)]
+    row = state.model_copy(
+        update={"step_index": first, "kind": Kind.ACTION, "step": workflow.steps[first].name, "last_error": None}
+    )
+    return Transition(_summed(row, lines, instance, now), tuple(done), claimed=stage)
+
+
+def _group_record(
+    state: OrderState, workflow: Workflow, line: GroupLine, outcome: LineState, now: datetime, *,
+    error: str | None = None, result=None,
+) -> LineRecord:
+    """How a line of a group ended."""
+    step = workflow.steps[line.step_index]
+    return LineRecord(
+        order_id=state.order_id, step_index=line.step_index, step=step.name, kind=Kind.ACTION, action=step.action,
+        state=outcome, attempt=line.attempt, failure_count=line.failure_count, last_error=_error(error),
+        result=result, updated_at=now,
+    )
+
+
+def _settled(line: GroupLine, now: datetime) -> bool:
+    """No request of the line can still act: its last attempt's Complete-By has passed."""
+    return line.acts_until is None or now >= line.acts_until
+
+
+def _group_next(
+    state: OrderState, workflow: Workflow, instance: str, now: datetime, defaults: StepPolicy,
+    lines: list[GroupLine], records: list[LineRecord], *, pending_timeout: timedelta | None = None,
+) -> Transition | None:
+    """The group's next move, its lines as they now are (``records``: the ones that ended
+    in this decision; ``pending_timeout``: claim the lines that are due, as a nudge does).
+
+    Failing (a line refused or given up, or a cancel): no line starts again. A waiting line
+    (between retries, or given up) is ended once it is settled (Cancelled, or Exhausted when
+    given up); until then it waits, nudged when it will be. Once no line is open, the undos
+    start: every line of the group that was done or whose outcome is unknown (Exhausted,
+    Cancelled after attempts), highest index first, then the steps before the group, newest
+    first. Not failing: every line done moves the order past the group; otherwise the due
+    lines are claimed. None when nothing changes."""
+    cause = state.cause or cancel_cause(state)
+    failing = cause is not None or any(line.gave_up for line in lines)
+    pending = pending_timeout or timedelta(0)
+    claimed: list[int] = []
+    waits: list[datetime] = []
+    for n, line in enumerate(lines):
+        if line.state is not LineRun.PENDING:
+            continue
+        due = line.complete_by - pending  # when its nudge comes (given up: once settled)
+        if failing:
+            until = max(line.acts_until or now, due) if line.gave_up else (line.acts_until or now)
+            if now < until:  # may still act, or its give-up is not due: not ended yet
+                waits.append(until)
+                if pending_timeout is not None:  # due then: looked at again, nudged for it
+                    lines[n] = line.model_copy(update={"complete_by": max(line.complete_by, until + pending)})
+                continue
+            if line.gave_up:
+                why = line.last_error or f"step {line.step} gave up"
+                cause = cause or f"step {line.step} gave up (outcome unknown): {why}"
+                lines[n] = line.model_copy(update={"state": LineRun.EXHAUSTED, "gave_up": False})
+                records.append(_group_record(state, workflow, line, LineState.EXHAUSTED, now, error=why))
+            else:
+                note = f"not run again: the group is undone ({line.failure_count} failed attempt(s), outcome unknown)"
+                lines[n] = line.model_copy(update={"state": LineRun.CANCELLED})
+                records.append(_group_record(state, workflow, line, LineState.CANCELLED, now, error=note))
+        elif pending_timeout is not None and now >= due:
+            attempt = max(state.attempt, *(other.attempt for other in lines)) + 1
+            lines[n] = _new_line(workflow, line.step_index, attempt, now, defaults, line)
+            claimed.append(line.step_index)
+    if not failing and all(line.state is LineRun.DONE for line in lines):
+        last = lines[-1].step_index
+        row = state.model_copy(update={"step_index": last, "step": workflow.steps[last].name, "group": ()})
+        return _advance(row, workflow, instance, now, defaults, *records)
+    if failing and not any(line.state.open for line in lines):
+        undo = [line.step_index for line in reversed(lines)
+                if line.state in (LineRun.DONE, LineRun.EXHAUSTED, LineRun.CANCELLED)]
+        plan = (*undo, *range(lines[0].step_index - 1, -1, -1))
+        begun = _end(state, ProcessState.PROCESSING, now, state.last_error).model_copy(
+            update={"kind": Kind.COMPENSATION, "cause": _error(cause), "failed": (), "plan": plan}
+        )
+        return _compensate_next(begun, workflow, instance, now, defaults, records)
+    if not records and not claimed and tuple(lines) == state.group:
+        return None
+    row = _summed(state, lines, instance, now)
+    if waits and pending_timeout is not None:
+        return Transition(row, tuple(records), nudge_delay=min(waits) - now, claimed=tuple(claimed))
+    return Transition(row, tuple(records), claimed=tuple(claimed))
+
+
+def _group_line(state: OrderState, response: AgentResponse) -> int | None:
+    """The position in ``state.group`` of the line a response answers: Processing, its
+    step, its attempt; None when no line of the group in flight is that one."""
+    if response.kind is not Kind.ACTION:
+        return None
+    for n, line in enumerate(state.group):
+        if line.state is LineRun.PROCESSING and (line.step, line.attempt) == (response.step, response.attempt):
+            return n
+    return None
+
+
+def _complete_in_group(
+    state: OrderState, response: AgentResponse, workflow: Workflow, instance: str, now: datetime, defaults: StepPolicy
+) -> Transition | None:
+    n = _group_line(state, response)
+    if n is None:
+        return None
+    lines = list(state.group)
+    line = lines[n]
+    if response.outcome is Outcome.SUCCEEDED:
+        lines[n] = line.model_copy(update={"state": LineRun.DONE})
+        record = _group_record(state, workflow, line, LineState.DONE, now, result=response.result)
+        return _group_next(state, workflow, instance, now, defaults, lines, [record])
+    reason = response.error or "the remote service refused the step"
+    lines[n] = line.model_copy(update={"state": LineRun.REFUSED, "last_error": _error(reason)})
+    record = _group_record(state, workflow, line, LineState.REFUSED, now, error=reason)
+    failing = state if state.cause or cancelled(state) else state.model_copy(
+        update={"cause": _error(f"step {line.step} refused: {reason}")}
+    )
+    return _group_next(failing, workflow, instance, now, defaults, lines, [record])
+
+
+def _postpone_in_group(
+    state: OrderState, response: AgentResponse, now: datetime, pending_timeout: timedelta, max_postponements: int
+) -> Transition | None:
+    """:func:`postpone` for one line of a group: the line waits, the others go on."""
+    n = _group_line(state, response)
+    if n is None:
+        return None
+    line = state.group[n]
+    wait = timedelta(seconds=max(0.0, response.retry_after_seconds or 0.0))
+    reason = _error(response.error or f"{line.step}: remote service unavailable")
+    postponements = line.postponements + 1
+    changes: dict = {"state": LineRun.PENDING, "postponements": postponements, "last_error": reason,
+                     "complete_by": now + wait + pending_timeout}
+    if not postponements % max_postponements:
+        failures = line.failure_count + 1
+        counted = f"postponed {postponements} times in a row, counted as a failed attempt; last: {reason}"
+        changes.update(failure_count=failures, last_error=_error(counted))
+        if line.max_failures is not None and failures >= line.max_failures:
+            settled = max(now, line.acts_until or now)
+            changes.update(gave_up=True, complete_by=settled + pending_timeout, postponements=0,
+                           last_error=_error(f"gave up after {failures} failed attempts; {counted}"))
+            wait = settled - now
+    lines = list(state.group)
+    lines[n] = line.model_copy(update=changes)
+    return Transition(_summed(state, lines, state.locked_by, now, last_error=reason), nudge_delay=wait)
 
 
 # --- waiting steps: an external event ends the line ----------------------------------
@@ -343,6 +563,8 @@ def postpone(
     """
     if not accepts_response(state, response):
         return None
+    if state.group:
+        return _postpone_in_group(state, response, now, pending_timeout, max_postponements)
     wait = timedelta(seconds=max(0.0, response.retry_after_seconds or 0.0))
     reason = _error(response.error or f"{state.step}: remote service unavailable")
     common = {"process_state": ProcessState.PENDING, "locked_by": None, "updated_at": now}
@@ -677,10 +899,29 @@ class Decision:
     next_state: OrderState | None = None
     #: How long the scheduler nudge waits before it becomes visible.
     nudge_delay: timedelta = timedelta(0)
+    #: In a group, when the write acts on several lines: the further nudges, one per other
+    #: wait (each line is claimed once it is due).
+    more_nudges: tuple[timedelta, ...] = ()
+    #: The lines whose deadline was missed (step, RETRY or GIVE_UP): one for a lone line, one
+    #: per line of a group.
+    missed: tuple[tuple[str, Verdict], ...] = ()
+
+
+def in_grace(state: OrderState, now: datetime, policy: SupervisorPolicy) -> bool:
+    """Whether an answer may still be on its way for an attempt past its Complete-By
+    (:func:`awaiting_answer`, without the queue's backlog): the row's, or in a group, a line's."""
+    if state.group:
+        return any(
+            line.state is LineRun.PROCESSING and line.complete_by <= now
+            and awaiting_answer(state, now, policy, complete_by=line.complete_by)
+            for line in state.group
+        )
+    return state.process_state is ProcessState.PROCESSING and awaiting_answer(state, now, policy)
 
 
 def awaiting_answer(
-    state: OrderState, now: datetime, policy: SupervisorPolicy, responses_since: datetime | None = None
+    state: OrderState, now: datetime, policy: SupervisorPolicy, responses_since: datetime | None = None,
+    *, complete_by: datetime | None = None,
 ) -> bool:
     """Is the answer of a Processing row's attempt, past its Complete-By, still awaited?
 
@@ -691,9 +932,10 @@ def awaiting_answer(
     has settled yet (peeking sees locked ones too), so once it is younger, every answer sent
     by then has been recorded, or dropped as stale: none is coming for this attempt.
     """
-    if now >= state.complete_by + policy.response_grace:
+    complete_by = complete_by or state.complete_by  # a line of a group: its own
+    if now >= complete_by + policy.response_grace:
         return False
-    sent_by = state.complete_by + min(policy.send_slack, policy.response_grace)
+    sent_by = complete_by + min(policy.send_slack, policy.response_grace)
     return now < sent_by or responses_since is None or responses_since <= sent_by
 
 
@@ -711,6 +953,8 @@ def supervise(
         return Decision(Verdict.DROP_INDEX)
     if state.complete_by > now:
         return Decision(Verdict.NONE)
+    if state.group:
+        return _supervise_group(state, now, policy, responses_since)
     if state.process_state is ProcessState.PROCESSING and awaiting_answer(state, now, policy, responses_since):
         # Past Complete-By no agent acts for this attempt, but its answer, sent in time, may
         # still be on the way back through the app's own queues: it is still accepted (the row
@@ -734,7 +978,7 @@ def supervise(
                 "complete_by": now + policy.pending_timeout,
             }
         )
-        return Decision(Verdict.GIVE_UP, given_up)
+        return Decision(Verdict.GIVE_UP, given_up, missed=((state.step or "", Verdict.GIVE_UP),))
     delay = backoff(failures, policy.backoff_base, policy.backoff_cap)
     reset = state.model_copy(
         update={
@@ -744,4 +988,50 @@ def supervise(
             "complete_by": now + delay + policy.pending_timeout,
         }
     )
-    return Decision(Verdict.RETRY, reset, delay)
+    return Decision(Verdict.RETRY, reset, delay, missed=((state.step or "", Verdict.RETRY),))
+
+
+def _supervise_group(
+    state: OrderState, now: datetime, policy: SupervisorPolicy, responses_since: datetime | None
+) -> Decision:
+    """:func:`supervise` for each expired line of a group, in one write of the row: a
+    Pending line is nudged again; a Processing one past its deadline (and the grace) is
+    sent back to Pending for a retry after the backoff, or given up. The verdict is the
+    gravest (a give-up, then a retry, then a nudge)."""
+    lines = list(state.group)
+    delays: list[timedelta] = []
+    missed: list[tuple[str, Verdict]] = []
+    for n, line in enumerate(lines):
+        if not line.state.open or line.complete_by > now:
+            continue
+        if line.state is LineRun.PENDING:
+            lines[n] = line.model_copy(update={"complete_by": now + policy.pending_timeout})
+            delays.append(timedelta(0))
+            continue
+        if awaiting_answer(state, now, policy, responses_since, complete_by=line.complete_by):
+            continue
+        failures = line.failure_count + 1
+        reason = f"attempt {line.attempt} did not complete by {line.complete_by.isoformat()}"
+        common = {"state": LineRun.PENDING, "failure_count": failures}
+        if failures >= (line.max_failures or policy.max_failures):
+            lines[n] = line.model_copy(update={
+                **common, "gave_up": True, "complete_by": now + policy.pending_timeout,
+                "last_error": _error(f"gave up after {failures} failed attempts; last: {reason}"),
+            })
+            missed.append((line.step, Verdict.GIVE_UP))
+            delays.append(timedelta(0))
+            continue
+        delay = backoff(failures, policy.backoff_base, policy.backoff_cap)
+        lines[n] = line.model_copy(
+            update={**common, "last_error": _error(reason), "complete_by": now + delay + policy.pending_timeout}
+        )
+        missed.append((line.step, Verdict.RETRY))
+        delays.append(delay)
+    if not delays:
+        return Decision(Verdict.NONE)
+    verdicts = {verdict for _, verdict in missed}
+    verdict = next((v for v in (Verdict.GIVE_UP, Verdict.RETRY) if v in verdicts), Verdict.RENUDGE)
+    errors = [line.last_error for line, old in zip(lines, state.group) if line != old and line.last_error]
+    row = _summed(state, lines, state.locked_by, now, last_error=errors[-1] if errors else state.last_error)
+    waits = sorted(set(delays))
+    return Decision(verdict, row, waits[0], tuple(waits[1:]), tuple(missed))

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from core.lifecycle import waiting_for
-from core.models import Line, LineRecord, OrderState, ProcessState
+from core.models import Line, LineRecord, LineRun, OrderState, ProcessState
 from core.workflow import Kind, UnknownWorkflow, Workflow, workflow
 
 #: A line that has not ended yet: waiting for the scheduler, or with its agent.
@@ -35,12 +35,20 @@ def progress(state: OrderState, workflow: Workflow, lines: tuple[LineRecord, ...
     plans, in the order they run."""
     ended = {(line.step_index, line.kind): line for line in sorted(lines, key=lambda line: line.updated_at)}
     current = None if state.process_state.terminal else (state.step_index, state.kind)
+    # A group in flight: each open line of it is current (Running with its agent, or Waiting).
+    group = {} if state.process_state.terminal else {line.step_index: line for line in state.group if line.state.open}
 
     def view(index: int, kind: Kind) -> LineView:
         step = workflow.steps[index]
         base = {"step": step.name, "kind": kind, "action": step.action_of(kind), "remote": step.remote,
                 "wait_for": step.wait_for}
-        if (index, kind) == current:
+        if state.group and kind is Kind.ACTION and index in group:
+            line = group[index]
+            return LineView(
+                **base, state=RUNNING if line.state is LineRun.PROCESSING else WAITING, attempt=line.attempt or None,
+                failure_count=line.failure_count, last_error=line.last_error,
+            )
+        if (index, kind) == current and not state.group:
             running = RUNNING if state.process_state is ProcessState.PROCESSING else WAITING
             if running == RUNNING and step.waiting:
                 running = WAITING_FOR_EVENT

@@ -217,6 +217,7 @@ def pristine(state: OrderState) -> bool:
         and (state.plan, state.failed, state.gave_up, state.max_failures) == ((), (), False, None)
         and state.locked_by is None and state.cause is None
         and (state.cancel_requested_at, state.cancel_reason, state.cancelled_by) == (None, None, None)
+        and state.group == ()
     )
 
 
@@ -332,7 +333,7 @@ def forged(claimed: OrderState | None, state: OrderState) -> bool:
 _DECIDING = (
     "order_id", "process_state", "attempt", "failure_count", "workflow", "workflow_version", "step_index", "kind",
     "step", "plan", "failed", "gave_up", "max_failures", "postponements", "reply_to", "locked_by",
-    "cancel_reason", "cancelled_by",
+    "cancel_reason", "cancelled_by", "group",
 )
 
 
@@ -366,14 +367,43 @@ def _carry_out(
         return None
     if not transition.dispatch:
         return None
-    step = lifecycle.step_of(state, workflow(state.workflow, state.workflow_version))
-    if step.waiting:
-        _wait(scheduler, state, step.wait_for, now)
+    definition = workflow(state.workflow, state.workflow_version)
+    if definition.steps[state.step_index].waiting and not state.group:
+        _wait(scheduler, state, definition.steps[state.step_index].wait_for, now)
         return None
     claim = names.SPAN_COMPENSATE if state.kind is Kind.COMPENSATION else names.SPAN_CLAIM
-    with telemetry.span(claim, order_id=state.order_id, step=state.step, kind=state.kind, attempt=state.attempt):
-        telemetry.line_claimed(state.step, state.kind, retry=state.failure_count > 0)
-        return _send(scheduler, state, order, results, now)
+    sent = None
+    for line in _lines_sent(state, transition):
+        with telemetry.span(claim, order_id=state.order_id, step=line.step, kind=state.kind, attempt=line.attempt):
+            telemetry.line_claimed(line.step, state.kind, retry=line.failure_count > 0)
+            request = _send(scheduler, state, line, order, results, now)
+        sent = sent or request
+    return sent
+
+
+@dataclass(frozen=True)
+class _Line:
+    """A claimed line as its request needs it: a lone line is the row's own; a line of a
+    group is its GroupLine (core/models.py)."""
+
+    step_index: int
+    step: str
+    attempt: int
+    complete_by: datetime
+    failure_count: int
+    postponements: int
+
+
+def _lines_sent(state: OrderState, transition: Transition) -> list[_Line]:
+    """The lines ``transition`` claimed, each to go to its agent."""
+    if not state.group:
+        return [_Line(state.step_index, state.step or "", state.attempt, state.complete_by, state.failure_count,
+                      state.postponements)]
+    claimed = set(transition.claimed)
+    return [
+        _Line(line.step_index, line.step, line.attempt, line.complete_by, line.failure_count, line.postponements)
+        for line in state.group if line.step_index in claimed
+    ]
 
 
 def _wait(scheduler: Scheduler, state: OrderState, event: str, now: datetime) -> None:
@@ -403,10 +433,11 @@ def carry_out(
 
 
 def _send(
-    scheduler: Scheduler, state: OrderState, order: dict[str, Any], results: dict[str, dict[str, Any]], now: datetime
+    scheduler: Scheduler, state: OrderState, line: _Line, order: dict[str, Any], results: dict[str, dict[str, Any]],
+    now: datetime,
 ) -> AgentRequest:
     """The claimed line's agent request, and the submitter's status event."""
-    step = lifecycle.step_of(state, workflow(state.workflow, state.workflow_version))
+    step = workflow(state.workflow, state.workflow_version).steps[line.step_index]
     policy = step.policy_over(scheduler.defaults)
     action = step.action_of(state.kind)
     request = AgentRequest(
@@ -415,8 +446,8 @@ def _send(
         kind=state.kind,
         action=action,
         remote=step.remote,
-        attempt=state.attempt,
-        complete_by=state.complete_by,
+        attempt=line.attempt,
+        complete_by=line.complete_by,
         idempotency_key=idempotency_key(state.order_id, step.name, action),
         policy=AgentPolicy(
             max_calls=policy.agent_max_calls,
@@ -427,12 +458,12 @@ def _send(
         lookup=step.lookup,
         # An earlier attempt of this line timed out, or was postponed (perhaps after a
         # call that timed out): its outcome may be unknown. Asking costs a GET, not a POST.
-        settle_first=step.lookup and (state.failure_count > 0 or state.postponements > 0),
+        settle_first=step.lookup and (line.failure_count > 0 or line.postponements > 0),
         context=Context(fence=state, order=order, results=results),
     )
     log.info(
         "order %s attempt %s: %s %s (%s) claimed by %s",
-        state.order_id, state.attempt, state.kind.value, step.name, action, scheduler.instance,
+        state.order_id, line.attempt, state.kind.value, step.name, action, scheduler.instance,
     )
     scheduler.publisher.send_agent_request(
         request, queue=scheduler.requests_queues[step.remote], reply_to=scheduler.responses_queue, now=now
@@ -440,7 +471,7 @@ def _send(
     status = Status.COMPENSATING if state.kind is Kind.COMPENSATION else Status.PROCESSING
     scheduler.publisher.send_status(
         StatusEvent(
-            order_id=state.order_id, status=status, time=now, step=step.name, attempt=state.attempt,
+            order_id=state.order_id, status=status, time=now, step=step.name, attempt=line.attempt,
             detail=state.cause if state.kind is Kind.COMPENSATION else None,
         ),
         queue=state.reply_to,

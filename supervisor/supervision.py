@@ -13,7 +13,7 @@ from adapters.closing import close_order
 from core.lifecycle import SupervisorPolicy, Verdict
 from core.workflow import shortest_timeout
 from adapters.messaging import Nudger, Publisher
-from core.models import Nudge, OrderState, ProcessState, Status, StatusEvent
+from core.models import Nudge, OrderState, Status, StatusEvent
 from adapters.settings import Settings
 from adapters.store import ConcurrencyConflict, StateStore
 
@@ -67,7 +67,7 @@ def sweep(
     youngest = min(policy.shortest_timeout or policy.step_timeout, policy.pending_timeout)
     backlog: list[datetime | None] = []
     for state in store.sweep(now, younger_than_cannot_expire=youngest):
-        in_grace = state.process_state is ProcessState.PROCESSING and lifecycle.awaiting_answer(state, now, policy)
+        in_grace = lifecycle.in_grace(state, now, policy)
         if in_grace and not backlog and responses_since is not None:
             backlog.append(responses_since())
         decision = lifecycle.supervise(state, now, policy, backlog[0] if backlog else None)
@@ -120,13 +120,16 @@ def _act(
         telemetry.annotate(outcome="lost_race")
         return "lost_race"  # another supervisor (or the scheduler) moved it first
     telemetry.annotate(outcome=decision.verdict)
-    if decision.verdict in (Verdict.RETRY, Verdict.GIVE_UP):
+    for step, verdict in decision.missed:
         # A Processing line whose complete-by passed: a missed deadline.
-        telemetry.deadline_missed(state.step, state.kind, decision.verdict)
+        telemetry.deadline_missed(step, state.kind, verdict)
     # Every verdict hands the row back to the scheduler; what giving up means for
     # the order (undo it, or go on undoing) is the scheduler's to decide.
-    nudger.nudge(Nudge(order_id=written.order_id, state=written), delay=decision.nudge_delay)
-    if decision.verdict is Verdict.GIVE_UP:
+    for delay in (decision.nudge_delay, *decision.more_nudges):
+        nudger.nudge(Nudge(order_id=written.order_id, state=written), delay=delay)
+    if written.group:
+        _group_acted(state, written, decision, publisher, now)
+    elif decision.verdict is Verdict.GIVE_UP:
         log.warning("order %s: gave up on %s %s: %s", written.order_id, written.kind.value, written.step, written.last_error)
     elif decision.verdict is Verdict.RETRY:
         log.warning(
@@ -142,6 +145,27 @@ def _act(
             queue=written.reply_to,
         )
     return decision.verdict.value
+
+
+def _group_acted(
+    before: OrderState, written: OrderState, decision: lifecycle.Decision, publisher: Publisher, now: datetime
+) -> None:
+    """The log lines and status events of a verdict on the lines of a group: one per line acted on."""
+    missed = dict(decision.missed)
+    for old, line in zip(before.group, written.group):
+        verdict = missed.get(line.step)
+        if line == old or verdict is None:
+            continue
+        if verdict is Verdict.GIVE_UP:
+            log.warning("order %s: gave up on action %s: %s", written.order_id, line.step, line.last_error)
+            continue
+        log.warning("order %s reset for retry %s/%s of action %s: %s", written.order_id, line.failure_count,
+                    line.max_failures, line.step, line.last_error)
+        publisher.send_status(
+            StatusEvent(order_id=written.order_id, status=Status.RETRYING, time=now, step=line.step,
+                        detail=line.last_error, attempt=line.attempt),
+            queue=written.reply_to,
+        )
 
 
 class NotResubmittable(Exception):
