@@ -68,6 +68,7 @@ from core.models import (
     FIRST_CLAIM_PREFIX,
     AgentRequest,
     AgentResponse,
+    LineRun,
     LineState,
     Nudge,
     OrderState,
@@ -76,7 +77,16 @@ from core.models import (
     idempotency_key,
 )
 from core.models import OrderEvent
-from core.workflow import APPROVAL_WORKFLOW, CURRENT, Kind, StepPolicy, Workflow, remotes, shortest_timeout
+from core.workflow import (
+    APPROVAL_WORKFLOW,
+    CURRENT,
+    PARALLEL_WORKFLOW,
+    Kind,
+    StepPolicy,
+    Workflow,
+    remotes,
+    shortest_timeout,
+)
 from devtools.orders import order_dict
 from scheduler import cancellation, dispatch, events, submission
 from supervisor import supervision
@@ -86,9 +96,10 @@ from tests.memtable import MemoryTable
 # Small limits, so that a few events reach every path: give-ups, postponements that count.
 
 WORKFLOW = CURRENT
-#: What an order runs on: the default workflow, or the approval one (its waiting step
-#: ends on an ``approval`` event, sent by the model's clients through scheduler.events).
-WORKFLOWS = (WORKFLOW, APPROVAL_WORKFLOW)
+#: What an order runs on: the default workflow, the approval one (its waiting step ends on
+#: an ``approval`` event, sent by the model's clients through scheduler.events), or the
+#: parallel one (``order-parallel``: its first two steps run at once, as a group).
+WORKFLOWS = (WORKFLOW, APPROVAL_WORKFLOW, PARALLEL_WORKFLOW)
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 DEFAULTS = StepPolicy(
     timeout_seconds=30, max_failures=2, agent_max_calls=2, agent_backoff_initial=0.1, agent_backoff_max=1,
@@ -509,7 +520,11 @@ class ProtocolModel(RuleBasedStateMachine):
             f"{order_id}: write {self.state_writes[order_id]} of the state row left the first-claim seal"
         )
         waiting = row.get("Step") in {s.name for s in self.workflows[order_id].steps if s.waiting}
-        if row["ProcessState"] == ProcessState.PROCESSING.value and row["Kind"] == Kind.ACTION.value and not waiting:
+        if row.get("Group"):  # a group in flight: each of its lines claimed is
+            for line in json.loads(row["Group"]):
+                if line["state"] == LineRun.PROCESSING.value:
+                    self.actions_claimed.add((order_id, line["step"]))
+        elif row["ProcessState"] == ProcessState.PROCESSING.value and row["Kind"] == Kind.ACTION.value and not waiting:
             self.actions_claimed.add((order_id, row["Step"]))
 
     def workflow_of(self, order_id: str) -> Workflow:
@@ -529,10 +544,14 @@ class ProtocolModel(RuleBasedStateMachine):
         return row["LineState"] if row else None
 
     def check_action_may_apply(self, request: AgentRequest) -> None:
-        """Steps in order (a waiting step approved), and never after the step's undo:
-        checked when the action applies."""
-        steps = self.workflow_of(request.order_id).steps
-        for earlier in range(self.index_of(request)):
+        """Steps in order (a waiting step approved; no line after a group before every line
+        of the group is done; the lines of a group in any order), and never after the step's
+        undo: checked when the action applies."""
+        definition = self.workflow_of(request.order_id)
+        steps, index = definition.steps, self.index_of(request)
+        for earlier in range(index):
+            if earlier in definition.stage_of(index):
+                continue  # a line of the same group: they run at once
             assert self.line_state(request.order_id, earlier, Kind.ACTION) == LineState.DONE.value, (
                 f"{request.order_id}: action {request.step} applied before step {steps[earlier].name} was Done"
             )
@@ -561,21 +580,23 @@ class ProtocolModel(RuleBasedStateMachine):
                 assert self.line_state(order_id, later, Kind.COMPENSATION) is not None, (
                     f"{order_id}: {request.step} undone before {name} (not in reverse order)"
                 )
-        if self.line_state(order_id, index, Kind.ACTION) == LineState.DONE.value:
-            # A Done action was applied at the remote under its idempotency key (an answer
-            # or a lookup said so): a request of it delivered again is a replay there and
-            # applies nothing (docs/fake-remote.md, "Compensations"), so its undo need not
-            # wait for that request's Complete-By. Only an action whose outcome the table
-            # does not know (claimed, in flight, Exhausted) may still take effect.
-            return
+        # No undo of the order runs while an action of it may still take effect: not the
+        # action undone, nor (a group) a line of its group still in flight. A Done action was
+        # applied at the remote under its idempotency key (an answer or a lookup said so): a
+        # request of it delivered again is a replay there and applies nothing
+        # (docs/fake-remote.md, "Compensations"); a Refused one is refused again (same key).
+        # Only an action whose outcome the table does not know (claimed, in flight,
+        # Exhausted, Cancelled) may still take effect.
         for message in self.net.messages:
             r = message.body
             if (
-                message.kind is Channel.REQUEST and r.order_id == order_id and r.step == request.step
-                and r.kind is Kind.ACTION and self.now < r.complete_by
+                message.kind is Channel.REQUEST and r.order_id == order_id and r.kind is Kind.ACTION
+                and self.now < r.complete_by
+                and self.line_state(order_id, self.index_of(r), Kind.ACTION) not in ("Done", "Refused")
             ):
+                what = "its action" if r.step == request.step else f"the action of {r.step} (a line of its group)"
                 raise AssertionError(
-                    f"{order_id}: {request.step} undone while its action may still take effect "
+                    f"{order_id}: {request.step} undone while {what} may still take effect "
                     f"(attempt {r.attempt}'s request is deliverable until {r.complete_by:%H:%M:%S})"
                 )
 
@@ -711,7 +732,8 @@ class ProtocolModel(RuleBasedStateMachine):
         row, before, sent = self.state(order_id), self.rows(order_id), len(self.net.messages)
         new = self.workflow_of(order_id).steps[0].name
         snapshot = row.model_copy(update={
-            "process_state": ProcessState.PENDING, "step_index": 0, "kind": Kind.ACTION, "step": new, "attempt": 0,
+            "group": (), "process_state": ProcessState.PENDING, "step_index": 0, "kind": Kind.ACTION, "step": new,
+            "attempt": 0,
             "failure_count": 0, "postponements": 0, "plan": (), "failed": (), "gave_up": False, "max_failures": None,
             "locked_by": None, "cause": None, "last_error": None, "cancel_requested_at": None, "cancel_reason": None,
             "cancelled_by": None,
@@ -762,7 +784,7 @@ class ProtocolModel(RuleBasedStateMachine):
         message = self.net.pick(Channel.RESPONSE, pick)
         response: AgentResponse = message.body
         before = self.state(response.order_id)
-        stale = before.process_state is not ProcessState.PROCESSING or before.attempt != response.attempt
+        stale = not in_flight(before, response)
         rows, sent = self.rows(response.order_id), len(self.net.messages)
         crashed, written = self.run("record", lambda: self.recorded(response, instance), crash_after)
         if stale:
@@ -1037,6 +1059,13 @@ class ProtocolModel(RuleBasedStateMachine):
             assert all(r.attempt <= state.attempt for r in live), (
                 f"{state.order_id}: a request ahead of the row's attempt"
             )
+            if state.group:  # each line of a group in flight has its own fence
+                for line in state.group:
+                    unfenced = {(r.step, r.kind) for r in live if r.attempt == line.attempt}
+                    assert unfenced <= {(line.step, Kind.ACTION)}, (
+                        f"{state.order_id}: attempt {line.attempt} of {line.step} fences requests {unfenced}"
+                    )
+                continue
             unfenced = {
                 (r.step, r.kind, r.attempt) for r in live
                 if state.process_state is ProcessState.PROCESSING and r.attempt == state.attempt
@@ -1086,6 +1115,8 @@ class ProtocolModel(RuleBasedStateMachine):
             )
             pending = state.process_state is ProcessState.PENDING
             postponed = pending and self.postponed.get(state.order_id) == state.attempt
+            if state.group:  # a line of a group waits out its postponement while the others run
+                postponed = any(line.state is LineRun.PENDING and line.postponements for line in state.group)
             pending_postponement = any(
                 m.kind is Channel.RESPONSE and m.body.order_id == state.order_id and m.body.outcome is Outcome.POSTPONED
                 for m in self.net.messages
@@ -1229,6 +1260,59 @@ class ProtocolModel(RuleBasedStateMachine):
                 assert set(left) <= allowed, f"{state.order_id} in Error leaves {left} applied, may leave {allowed}"
 
 
+def in_flight(state: OrderState, response: AgentResponse) -> bool:
+    """Whether the row has the line a response answers in flight: the row's own (its
+    attempt), or a Processing line of its group (step and attempt)."""
+    if state.process_state is not ProcessState.PROCESSING:
+        return False
+    if state.group:
+        return any(
+            line.state is LineRun.PROCESSING and (line.step, line.attempt) == (response.step, response.attempt)
+            and response.kind is Kind.ACTION for line in state.group
+        )
+    return state.attempt == response.attempt
+
+
+def illegal_group(state: OrderState, rows: dict[str, dict], definition: Workflow) -> list[str]:
+    """What makes a group in flight impossible: its lines are the group's at the row's step,
+    each fenced below the row's attempt, the ended ones ended on their rows, the row summing
+    the open ones up (Processing while one is, due at the earliest deadline)."""
+    problems = []
+    stage = definition.stage_of(state.step_index)
+    if state.kind is not Kind.ACTION or state.process_state.terminal:
+        problems.append(f"a group on a {state.kind.value} {state.process_state.value} row")
+    if tuple(line.step_index for line in state.group) != stage or len(stage) < 2:
+        problems.append(f"group lines {[line.step for line in state.group]} are not the group at {state.step}")
+        return problems
+    attempts = [line.attempt for line in state.group]
+    if len(set(attempts)) != len(attempts) or max(attempts) > state.attempt or min(attempts) < 1:
+        problems.append(f"group attempts {attempts} are not unique fences up to the row's {state.attempt}")
+    open_lines = [line for line in state.group if line.state.open]
+    if not open_lines:
+        problems.append("a group with no line open is still on the row")
+    elif state.complete_by != min(line.complete_by for line in open_lines):
+        problems.append("the row is not due at its group's earliest deadline")
+    processing = any(line.state is LineRun.PROCESSING for line in state.group)
+    if processing != (state.process_state is ProcessState.PROCESSING):
+        problems.append("the row is Processing exactly when a line of its group is")
+    for line in state.group:
+        limit = line.max_failures or POLICY.max_failures
+        if line.failure_count > limit or (line.failure_count == limit and line.state.open and not line.gave_up):
+            problems.append(f"{line.step}: {line.failure_count} failures of {limit} without giving up")
+        if line.gave_up and line.state is not LineRun.PENDING:
+            problems.append(f"{line.step}: given up, yet {line.state.value}")
+        if line.state.open:
+            continue
+        row = rows.get(line_key(line.step_index, line.step, Kind.ACTION))
+        if not row or row["LineState"] != line.state.value:
+            problems.append(f"{line.step}: {line.state.value} in the group, not on its line's row")
+    if any(line.state is LineRun.PROCESSING for line in state.group) and not state.cause and any(
+        line.state in (LineRun.REFUSED, LineRun.EXHAUSTED) for line in state.group
+    ):
+        problems.append("a line failed, yet the group has no cause to undo it for")
+    return problems
+
+
 def illegal(state: OrderState, rows: dict[str, dict], max_postponements: int, definition: Workflow) -> list[str]:
     """What makes a state row impossible for the lifecycle (empty: a legal state)."""
     problems = []
@@ -1236,6 +1320,8 @@ def illegal(state: OrderState, rows: dict[str, dict], max_postponements: int, de
     if not 0 <= state.step_index < len(steps) or state.step != steps[state.step_index].name:
         problems.append("step and step index disagree")
         return problems
+    if state.group:
+        problems += illegal_group(state, rows, definition)
     processing = state.process_state is ProcessState.PROCESSING
     if processing != (state.locked_by is not None):
         problems.append("LockedBy is set exactly when Processing")
@@ -1298,7 +1384,9 @@ def test_the_protocol_keeps_its_invariants_and_ends_every_order_within_the_bound
         f"{STATS['cancels recorded']} cancels recorded ({STATS['cancels refused']} refused); "
         f"ended Processed {STATS['Processed']}, Compensated {STATS['Compensated']}, Error {STATS['Error']} "
         f"(on {APPROVAL_WORKFLOW.name}: {STATS[f'{APPROVAL_WORKFLOW.name} Processed']}, "
-        f"{STATS[f'{APPROVAL_WORKFLOW.name} Compensated']}, {STATS[f'{APPROVAL_WORKFLOW.name} Error']}); "
+        f"{STATS[f'{APPROVAL_WORKFLOW.name} Compensated']}, {STATS[f'{APPROVAL_WORKFLOW.name} Error']}; "
+        f"on {PARALLEL_WORKFLOW.name}: {STATS[f'{PARALLEL_WORKFLOW.name} Processed']}, "
+        f"{STATS[f'{PARALLEL_WORKFLOW.name} Compensated']}, {STATS[f'{PARALLEL_WORKFLOW.name} Error']}); "
         f"events accepted {STATS['events accepted']}, duplicate {STATS['events duplicate']}, "
         f"not waiting {STATS['events not_waiting']}; responses recorded on the instance's cache "
         f"{STATS['recorded without a read']}, on a read {STATS['recorded on a read']}; "
