@@ -242,8 +242,9 @@ def warm_up(stack: BenchStack, sender: OrderSender, prefix: str, count: int = 20
 
 
 def throughput(stack: BenchStack, sender: OrderSender, prefix: str, count: int, *, timeout: float,
-               progress=None) -> RunResult:
-    """Send ``count`` orders at once; orders/s and steps/s from the first send to the last Processed."""
+               progress=None, workflow: str | None = None) -> RunResult:
+    """Send ``count`` orders at once (on ``workflow``: none, the default); orders/s and
+    steps/s from the first send to the last Processed."""
     store = StateStore(stack.table())
     ids = [f"{prefix}{i:05d}" for i in range(count)]
     result = RunResult(count)
@@ -253,7 +254,7 @@ def throughput(stack: BenchStack, sender: OrderSender, prefix: str, count: int, 
     offsets = [path.stat().st_size for path in logs]
     meter.start()
     first_send = time.time()
-    sent = sender.send(ids)
+    sent = sender.send(ids, workflow=workflow)
     finished = wait_done(stack, store, prefix, count, effects_before, timeout=timeout, progress=progress)
     result.cpu = meter.stop()
     result.wall = result.cpu.pop("wall")
@@ -274,9 +275,9 @@ def arrivals(count: int, rate: float):
 
 
 def steady(stack: BenchStack, sender: OrderSender, prefix: str, *, rate: float, seconds: float, timeout: float,
-           progress=None) -> RunResult:
-    """One order every 1/rate seconds for ``seconds``; latency of each, send -> Processed,
-    and of each step hop (:func:`add_step_hops`)."""
+           progress=None, workflow: str | None = None) -> RunResult:
+    """One order every 1/rate seconds for ``seconds`` (on ``workflow``: none, the default);
+    latency of each, send -> Processed, and of each step hop (:func:`add_step_hops`)."""
     store = StateStore(stack.table())
     count = max(1, int(rate * seconds))
     result = RunResult(count)
@@ -285,7 +286,7 @@ def steady(stack: BenchStack, sender: OrderSender, prefix: str, *, rate: float, 
     first_send = time.time()
     for i, wait in arrivals(count, rate):
         time.sleep(wait)
-        sent.update(sender.send([f"{prefix}{i:05d}"], start_index=i))
+        sent.update(sender.send([f"{prefix}{i:05d}"], start_index=i, workflow=workflow))
         if progress is not None:
             progress(i + 1)
     wait_done(stack, store, prefix, count, effects_before, timeout=timeout)

@@ -4,7 +4,8 @@ Stacks (each started for the phases that need it, and stopped after them):
 
 - *bare*: Azurite and the Service Bus emulator, no hosts: ``ceiling``, ``sweep``;
 - *app*: plus the fake remote service and local hosts running ``function_app.py``:
-  ``latency``, ``pipeline`` (1 host, then 2), ``recovery``;
+  ``latency``, ``parallel`` (the workflow with a group against the same steps in sequence),
+  ``pipeline`` (1 host, then 2), ``recovery``;
 - *counted*: the app stack with Azurite writing its debug log (slower, so no timing is
   taken on it): ``idle``, ``ops``;
 - one app stack of its own per resilience phase (faults and hosts of its own, started
@@ -40,16 +41,17 @@ from benchmarks.report import Report, Section, kept_sections, soak_section
 from benchmarks.stack import BenchStack, OrderSender
 from benchmarks.sweep import IN_FLIGHT, SweepBench
 from core import names
-from core.workflow import remotes
+from core.workflow import PARALLEL_WORKFLOW, remotes
 from devtools.paths import ROOT
 
-PHASES = ("ceiling", "sweep", "latency", "pipeline", "recovery", "idle", "ops", "outage", "unknown", "concurrency",
-          "temporal")
+PHASES = ("ceiling", "sweep", "latency", "parallel", "pipeline", "recovery", "idle", "ops", "outage", "unknown",
+          "concurrency", "temporal")
 #: Each phase's section title in BENCHMARKS.md (a run of some phases keeps the others' by these).
 TITLES = {
     "ceiling": "Ceiling: raw operations",
     "sweep": "Supervisor sweep vs history",
     "latency": "Latency per step at a light load",
+    "parallel": "Steps that run at once against the same steps in sequence",
     "pipeline": "Pipeline throughput",
     "recovery": "Recovery after a host crash",
     "idle": "Idle cost",
@@ -60,8 +62,8 @@ TITLES = {
     "temporal": "This stack against Temporal on the same machine",
 }
 #: The order of the sections in BENCHMARKS.md.
-SECTION_ORDER = ("ceiling", "pipeline", "temporal", "ops", "latency", "sweep", "recovery", "outage", "unknown", "concurrency",
-                 "idle")
+SECTION_ORDER = ("ceiling", "pipeline", "temporal", "ops", "latency", "parallel", "sweep", "recovery", "outage", "unknown",
+                 "concurrency", "idle")
 
 
 @dataclass
@@ -85,6 +87,11 @@ class Plan:
     #: A light load: orders/s (each of several steps) well below one host's throughput.
     latency_rate: float = 3.0
     latency_seconds: float = 40.0
+    #: Parallel: each workflow at latency_rate for this long, then this many orders sent at once;
+    #: every remote call taking parallel_apply_seconds (a remote API's own time).
+    parallel_seconds: float = 30.0
+    parallel_orders: int = 300
+    parallel_apply_seconds: float = 0.2
     idle_seconds: float = 60.0
     ops_orders: int = 200
     recovery_trials: int = 3
@@ -129,6 +136,7 @@ class Plan:
             serial_ops=40, parallel=(2, 2), parallel_ops=200, op_budget=3.0, study=((1, 1), (1, 4), (4, 1)),
             study_ops=120, transport_reads=80, sweep_history=(0, 1000), sweep_repeats=3, pipeline_orders=200,
             pipeline_timeout=90.0, latency_seconds=8.0, idle_seconds=20.0, ops_orders=50, recovery_trials=1,
+            parallel_seconds=8.0, parallel_orders=60,
             peer_orders=100, peer_latency_seconds=8.0, peer_rounds=1,
             **cls.quick_resilience(),
         )
@@ -196,13 +204,15 @@ class Runner:
                         self._phase("ceiling", self._ceiling, stack)
                     if "sweep" in wanted:
                         self._phase("sweep", self._sweep, stack)
-            if wanted & {"latency", "pipeline", "recovery"}:
+            if wanted & {"latency", "parallel", "pipeline", "recovery"}:
                 with self._stack("app", hosts=1) as stack:
                     sender = OrderSender(stack.servicebus_connection_string)
                     try:
                         pipeline.warm_up(stack, sender, "warm1-", count=self.plan.warm_up_orders)
                         if "latency" in wanted:
                             self._phase("latency", self._latency, stack, sender)
+                        if "parallel" in wanted:
+                            self._phase("parallel", self._parallel, stack, sender)
                         if "pipeline" in wanted:
                             self._phase("pipeline", self._pipeline, stack, sender)
                         if "recovery" in wanted:
@@ -479,6 +489,57 @@ class Runner:
             "step (and claimed the next in the same transaction). A hop is the transaction, the request to the next "
             "remote's agent, the remote call, the response and its pickup by the scheduler. Submission → Processed "
             "is from the send here to the commit of the Processed row (its Timestamp), all on this machine's clock."
+        )
+
+    def _parallel(self, section: Section, stack: BenchStack, sender: OrderSender) -> None:
+        """The parallel workflow (``order-parallel``: reserve and charge at once, then ship)
+        beside the same three steps in sequence (``order``), on the same host, in turns."""
+        plan = self.plan
+        runs = (("sequential", None), ("parallel", PARALLEL_WORKFLOW.name))
+        stack.remote.set_faults(apply_seconds=plan.parallel_apply_seconds)
+        try:
+            light, burst = {}, {}
+            for name, workflow in runs:
+                count = int(plan.latency_rate * plan.parallel_seconds)
+                tick = self._counter(f"parallel: {name}, {plan.latency_rate:g} orders/s for {plan.parallel_seconds:g} s",
+                                     count)
+                light[name] = pipeline.steady(stack, sender, f"pl{name[:3]}-", rate=plan.latency_rate,
+                                              seconds=plan.parallel_seconds, timeout=120, progress=tick,
+                                              workflow=workflow)
+            for name, workflow in runs:
+                tick = self._counter(f"parallel: {name}, {plan.parallel_orders} orders at once",
+                                     plan.parallel_orders * pipeline.STEPS)
+                burst[name] = pipeline.throughput(stack, sender, f"pb{name[:3]}-", plan.parallel_orders,
+                                                  timeout=plan.pipeline_timeout, progress=tick, workflow=workflow)
+        finally:
+            stack.remote.set_faults(apply_seconds=0.0)
+        for name, _ in runs:
+            result = light[name]
+            section.figure(f"p50.{name}", f"p50 submission → Processed, {name}", result.percentile(50), "s",
+                           note=f"{result.processed}/{result.orders} Processed")
+            section.figure(f"p95.{name}", f"p95 submission → Processed, {name}", result.percentile(95), "s")
+            section.figure(f"orders_per_s.{name}", f"orders/s, {plan.parallel_orders} sent at once, {name}",
+                           burst[name].per_second, "orders/s",
+                           note=f"{burst[name].processed}/{burst[name].orders} Processed")
+
+        def ratio(a, b):
+            return a / b if a and b else None
+
+        p50 = ratio(light["parallel"].percentile(50), light["sequential"].percentile(50))
+        section.figure("p50_ratio", "p50 parallel / sequential", p50, "", target="≤ 0.75",
+                       met=(p50 <= 0.75) if p50 is not None else None)
+        section.figure("p95_ratio", "p95 parallel / sequential",
+                       ratio(light["parallel"].percentile(95), light["sequential"].percentile(95)), "")
+        section.figure("throughput_ratio", "orders/s parallel / sequential",
+                       ratio(burst["parallel"].per_second, burst["sequential"].per_second), "")
+        section.intro = (
+            f"The same three steps (reserve, charge, ship) as the workflow `order` runs them, one after the other, and "
+            f"as `{PARALLEL_WORKFLOW.name}` runs them: reserve and charge at once (a group: core/workflow.py "
+            f"`Parallel`), then ship. One host; every remote call takes {plan.parallel_apply_seconds:g} s at the fake "
+            f"remote (a remote API's own time, which a group overlaps). First a light load, "
+            f"{plan.latency_rate:g} orders/s for {plan.parallel_seconds:g} s of each workflow in turn (latency from "
+            f"the send to the Processed commit), then {plan.parallel_orders} orders of each sent at once (orders/s "
+            "from the first send to the last Processed). Table requests per order of each: the Operations section."
         )
 
     def _pipeline(self, section: Section, stack: BenchStack, sender: OrderSender) -> None:
@@ -831,6 +892,7 @@ class Runner:
                        note=f"{telemetry_counts['span_bytes_per_order']:,.0f} bytes per order as the spans files "
                             "write them (JSON lines)")
         hostcpu.report(section, cpu, count)
+        self._ops_parallel(section, stack, sender, log, store, idle, idle_seconds, net_total["table"] / count)
         section.intro = (
             f"{count} orders of {steps_per_order} steps with no faults through one host, counted at the servers: "
             "Azurite's debug log (one line per request; a transaction is one request, as it is one billed "
@@ -841,6 +903,27 @@ class Runner:
             "of the worker and host processes and the function executions per order, go to "
             "benchmarks/results/operations.json, which the capacity and cost model reads (`python -m "
             "benchmarks.capacity`, docs/scale.md)."
+        )
+
+    def _ops_parallel(self, section: Section, stack: BenchStack, sender: OrderSender, log: AzuriteLog,
+                      store: StateStore, idle, idle_seconds: float, sequential: float) -> None:
+        """Table requests per order of the parallel workflow, counted as the sequential
+        workflow's were just before (the same orders' count, the idle background subtracted)."""
+        count = self.plan.ops_orders
+        tick = self._counter(f"ops: {count} orders of {PARALLEL_WORKFLOW.name}", count * pipeline.STEPS)
+        effects_before = stack.remote.effects()["total"]
+        start, t0 = log.mark(), time.monotonic()
+        sender.send([f"opp-{i:05d}" for i in range(count)], workflow=PARALLEL_WORKFLOW.name)
+        if not pipeline.wait_done(stack, store, "opp-", count, effects_before, timeout=self.plan.pipeline_timeout,
+                                  progress=tick):
+            raise pipeline.Timeout(f"the {count} orders of {PARALLEL_WORKFLOW.name} were not all processed")
+        during = log.since(start, log.mark())
+        background = idle.service_total("table") / max(idle_seconds, 1e-9) * (time.monotonic() - t0)
+        parallel = max(0.0, during.service_total("table") - background) / count
+        section.figure(
+            "table_per_order_parallel", f"table requests per order, {PARALLEL_WORKFLOW.name} (reserve and charge at "
+            "once, then ship)", parallel, "", target="≤ the sequential workflow's",
+            met=round(parallel, 1) <= round(sequential, 1), note=f"sequential (the same steps): {sequential:.2f}",
         )
 
     # -- resilience (benchmarks/resilience.py): each phase on stacks of its own ----------------

@@ -59,20 +59,22 @@ def order_json(order_id: str | None = None, /, **overrides) -> bytes:
     return json.dumps(order_dict(order_id, **overrides)).encode()
 
 
-def order_body(order_id: str, i: int) -> bytes:
-    """The ``i``-th order of a run as a message body: 1 to 3 lines, amounts varied by ``i``."""
+def order_body(order_id: str, i: int, workflow: str | None = None) -> bytes:
+    """The ``i``-th order of a run as a message body: 1 to 3 lines, amounts varied by ``i``;
+    ``workflow``: the workflow it names (none: the default's)."""
     lines = [{"sku": f"sku-{(i + n) % 17}", "quantity": n + 1, "unit_price": f"{(i % 9) + 1}.25"} for n in range(1 + i % 3)]
     cents = sum(line["quantity"] * int(line["unit_price"].replace(".", "")) for line in lines)
+    chosen = {"workflow": workflow} if workflow else {}
     return json.dumps(
         {"order_id": order_id, "customer_id": f"cust-{i % 23}", "currency": "EUR", "items": lines,
-         "total": f"{cents // 100}.{cents % 100:02d}"}
+         "total": f"{cents // 100}.{cents % 100:02d}", **chosen}
     ).encode()
 
 
-def order_message(order_id: str, i: int) -> ServiceBusMessage:
+def order_message(order_id: str, i: int, workflow: str | None = None) -> ServiceBusMessage:
     """An order as a client sends it: the JSON body, with the order id and a hash of the
     body as MessageId (the orders queue's duplicate-detection key; docs/clients.md, "Sending orders")."""
-    body = order_body(order_id, i)
+    body = order_body(order_id, i, workflow)
     return ServiceBusMessage(body, message_id=message_id_for(order_id, body), content_type="application/json")
 
 

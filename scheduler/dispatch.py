@@ -123,11 +123,12 @@ def record(response: AgentResponse, *, scheduler: Scheduler, now: datetime) -> O
         return None
     state, transition, read = written
     if response.outcome is not Outcome.POSTPONED:
-        # The line ran from its claim (the row's UpdatedAt as read: the claim's) to this response.
-        seconds = (now - read.state.updated_at).total_seconds()
+        # The line ran from its claim (the row's UpdatedAt as read: the claim's; a line of a
+        # group: its deadline less its timeout) to this response.
+        seconds = (now - _claimed_at(read.state, response, scheduler.defaults)).total_seconds()
         telemetry.line_answered(response.step, response.kind, response.outcome, seconds)
     if transition.nudge_delay is not None:
-        log.info("order %s: %s %s postponed for %.0f s: %s", state.order_id, state.kind.value, state.step,
+        log.info("order %s: %s %s postponed for %.0f s: %s", state.order_id, response.kind.value, response.step,
                  transition.nudge_delay.total_seconds(), state.last_error)
         scheduler.nudger.nudge(Nudge(order_id=state.order_id, state=state), delay=transition.nudge_delay)
         return state
@@ -136,6 +137,15 @@ def record(response: AgentResponse, *, scheduler: Scheduler, now: datetime) -> O
         results[response.step] = response.result or {}
     _carry_out(scheduler, state, transition, json.loads(read.document), results, now)
     return state
+
+
+def _claimed_at(state: OrderState, response: AgentResponse, defaults: StepPolicy) -> datetime:
+    """When the line a response answers was claimed, as the row read before it says."""
+    for line in state.group:
+        if (line.step, line.attempt) == (response.step, response.attempt):
+            step = workflow(state.workflow, state.workflow_version).steps[line.step_index]
+            return line.complete_by - timedelta(seconds=step.policy_over(defaults).timeout_seconds)
+    return state.updated_at
 
 
 def _first_claim(nudge: Nudge, scheduler: Scheduler, now: datetime) -> AgentRequest | None:

@@ -30,7 +30,7 @@ from adapters.settings import Settings
 from adapters.store import OrderNotFound, OrderRecord
 from adapters.wiring import services
 from core import liveness, names
-from core.models import AgentResponse, Context, LineRecord, OrderState, Outcome, ProcessState
+from core.models import AgentResponse, Context, LineRecord, LineRun, OrderState, Outcome, ProcessState
 from core.workflow import Kind, workflow
 from supervisor.supervision import liveness_timing
 from tests.polling import wait_until
@@ -206,6 +206,10 @@ class Stack:
                 return None
             s = record.state
             running = s.process_state is ProcessState.PROCESSING and s.step == step and s.kind is kind
+            if s.group:  # a group in flight: that line of it with its agent
+                running = kind is Kind.ACTION and any(
+                    line.step == step and line.state is LineRun.PROCESSING for line in s.group
+                )
             return record if running else None
 
         what = f"order {order_id}: {kind.value} {step} in flight"

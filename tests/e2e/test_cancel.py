@@ -50,6 +50,8 @@ def test_cancel_in_flight_while_failing_during_an_undo_after_processed_and_twice
             # cancelled by ordersctl (a process that takes seconds to start) while its charge keeps failing:
             # the attempt in flight settles by its deadline, then charge (outcome unknown) and reserve are undone
             "x-cli/charge": ["always:transient"],
+            # order-parallel: cancelled by the API while both lines of its group are in flight
+            "x-group/reserve": ["slow"], "x-group/charge": ["slow"],
         },
     )
     (host,) = stack.start_hosts(API_AUTH="none", STEP_TIMEOUT_SECONDS=STEP_TIMEOUT,
@@ -57,6 +59,7 @@ def test_cancel_in_flight_while_failing_during_an_undo_after_processed_and_twice
     api = f"{host.http_url}/api"
     submitted = utcnow()
     stack.send([(o, order_json(o)) for o in ALL], reply_to=reply_queue)
+    stack.send([("x-group", order_json("x-group", workflow="order-parallel"))])
 
     def by_api():  # while charge is in flight: 202 with the order document, still at charge
         stack.capture("x-api", "charge")
@@ -78,10 +81,19 @@ def test_cancel_in_flight_while_failing_during_an_undo_after_processed_and_twice
         stack.capture("x-cli", "charge")
         return ordersctl(stack, tmp_path, "cancel", "x-cli", "--reason", "out of stock elsewhere")
 
+    def during_group():  # while reserve and charge, a group, are both in flight
+        stack.capture("x-group", "reserve")
+        stack.capture("x-group", "charge")
+        return requests.post(f"{api}/orders/x-group/cancel", json={"reason": "both at once"}, timeout=10)
+
     # Side by side: each case waits for its own line to be in flight.
-    with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(f) for f in (by_api, by_message, during_undo, by_ordersctl)]
-        (response, again), _, undo_cancel, shown = (f.result() for f in futures)
+    with ThreadPoolExecutor(5) as pool:
+        futures = [pool.submit(f) for f in (by_api, by_message, during_undo, by_ordersctl, during_group)]
+        (response, again), _, undo_cancel, shown, group_cancel = (f.result() for f in futures)
+    assert group_cancel.status_code == 202, group_cancel.text
+    assert [(s["step"], s["state"]) for s in group_cancel.json()["steps"]][:3] == [
+        ("reserve", "Running"), ("charge", "Running"), ("ship", "NotStarted"),
+    ]
     assert response.status_code == 202, response.text
     document = response.json()
     assert (document["state"], document["step"], document["kind"]) == ("Processing", "charge", "action")
@@ -91,7 +103,7 @@ def test_cancel_in_flight_while_failing_during_an_undo_after_processed_and_twice
     assert shown.returncode == 0, shown.stderr
     assert "cancel recorded" in shown.stdout
 
-    states = stack.wait_closed(list(ALL), timeout=120)
+    states = stack.wait_closed([*ALL, "x-group"], timeout=120)
 
     # x-api: the charge settled (applied), then refund and release, newest first; ship never ran.
     api_state = states["x-api"]
@@ -144,7 +156,19 @@ def test_cancel_in_flight_while_failing_during_an_undo_after_processed_and_twice
     assert cli.returncode == 1 and "Processed" in cli.stderr
     assert stack.state("x-done") == states["x-done"]
 
-    for order_id in ("x-api", "x-bus", "x-undo", "x-cli"):
+    # x-group: both lines settled (applied) after the cancel, then both undone, charge first.
+    group = states["x-group"]
+    assert group.process_state is ProcessState.COMPENSATED and "both at once" in group.cause
+    lines = stack.lines("x-group")
+    assert {key: line.state.value for key, line in lines.items()} == {
+        ("reserve", A): "Done", ("charge", A): "Done", ("charge", C): "Done", ("reserve", C): "Done",
+    }
+    assert min(lines[(s, A)].updated_at for s in ("reserve", "charge")) > group.cancel_requested_at
+    claims = [(c.kind, c.action) for c in stack.claims("x-group")]
+    assert sorted(claims[:2]) == [(A, "charge"), (A, "reserve")] and claims[2:] == [(C, "refund"), (C, "release")]
+    assert "x-group" not in stack.applied("shipping")
+
+    for order_id in ("x-api", "x-bus", "x-undo", "x-cli", "x-group"):
         assert net_zero(stack.remote.net(order_id)), order_id
         stack.assert_within_bound(order_id, submitted)
     events = stack.events(reply_queue)

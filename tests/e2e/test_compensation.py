@@ -40,12 +40,17 @@ def line_states(stack, order_id: str) -> dict[tuple[str, str], str]:
 
 
 def test_refusal_at_charge_releases_the_reservation_once_and_ends_compensated(stack, reply_queue):
-    stack.remote.set_faults(script={"a-1/charge": ["permanent"]})
+    # a-1 runs the steps in sequence; p-2 runs reserve and charge at once (order-parallel):
+    # its reserve is refused while its charge is still in flight (held for 0.6 s).
+    stack.remote.set_faults(script={"a-1/charge": ["permanent"], "p-2/reserve": ["permanent"], "p-2/charge": ["slow"]},
+                            slow_seconds=0.6)
     stack.start_hosts()
     submitted = utcnow()
     stack.send([("a-1", order_json("a-1"))], reply_to=reply_queue)
+    stack.send([("p-2", order_json("p-2", workflow="order-parallel"))])
 
-    state = stack.wait_closed(["a-1"], timeout=30)["a-1"]
+    states = stack.wait_closed(["a-1", "p-2"], timeout=30)
+    state = states["a-1"]
     assert state.process_state is ProcessState.COMPENSATED
     assert "step charge refused" in state.last_error and "422" in state.last_error
     assert line_states(stack, "a-1") == {("reserve", A): "Done", ("charge", A): "Refused", ("reserve", C): "Done"}
@@ -54,9 +59,24 @@ def test_refusal_at_charge_releases_the_reservation_once_and_ends_compensated(st
     ]
     assert stack.applied("inventory") == {"a-1": ["reserve"]} and stack.undone("inventory") == {"a-1": ["release"]}
     # The refused charge applied nothing, so it is never undone; ship never ran.
-    assert stack.applied("payments") == {} and stack.undone("payments") == {}
-    assert stack.remote.effects()["services"]["payments"]["by_key"] == {}
+    assert "a-1" not in stack.applied("payments") and "a-1" not in stack.undone("payments")
+    assert not [key for key in stack.remote.effects()["services"]["payments"]["by_key"] if "a-1" in key]
     assert stack.applied("shipping") == {}
+
+    # p-2: both lines claimed in one write; the refusal came first, the charge settled after it
+    # (applied), and only then was it undone; the refused reserve is not undone.
+    group = states["p-2"]
+    assert group.process_state is ProcessState.COMPENSATED and group.cause.startswith("step reserve refused")
+    lines = stack.lines("p-2")
+    assert {key: line.state.value for key, line in lines.items()} == {
+        ("reserve", A): "Refused", ("charge", A): "Done", ("charge", C): "Done",
+    }
+    assert lines[("reserve", A)].updated_at < lines[("charge", A)].updated_at < lines[("charge", C)].updated_at
+    claims = [(c.kind, c.action, c.attempt) for c in stack.claims("p-2")]
+    assert sorted(claims[:2]) == [(A, "charge", 2), (A, "reserve", 1)] and claims[2:] == [(C, "refund", 3)]
+    assert stack.applied("payments") == {"p-2": ["charge"]} and stack.undone("payments") == {"p-2": ["refund"]}
+    assert "p-2" not in stack.applied("inventory") and net_zero(stack.remote.net("p-2"))
+    stack.assert_within_bound("p-2", submitted)
     assert net_zero(stack.remote.net("a-1"))
     stack.assert_within_bound("a-1", submitted)
     assert stack.all_alerts() == []  # Compensated is a clean end: no operator needed
@@ -118,17 +138,21 @@ def test_exhausted_charge_is_refunded_although_its_outcome_is_unknown_then_relea
     # applied), the second is applied but never answered in time (slow), after the
     # lookup had found nothing. c-2: every call hangs (never applied). Either way the
     # outcome is unknown when the charge gives up: the scheduler refunds, then releases.
-    stack.remote.set_faults(script={"c-1/charge": ["hang", "always:slow"], "c-2/charge": ["always:hang"]},
-                            slow_seconds=30)
-    # Timeouts are transient failures for the agents' circuit breaker, but two failing
-    # requests are below its minimum throughput: it stays closed, each line is judged
+    # c-p runs reserve and charge at once (order-parallel): its charge times out every time
+    # while its reserve is done; once the charge gives up, both are undone.
+    stack.remote.set_faults(
+        script={"c-1/charge": ["hang", "always:slow"], "c-2/charge": ["always:hang"], "c-p/charge": ["always:hang"]},
+        slow_seconds=30,
+    )
+    # Timeouts are transient failures for the agents' circuit breaker, but the six failing
+    # requests are kept below its minimum throughput: it stays closed, each line is judged
     # by its own policy.
-    stack.start_hosts(MAX_FAILURES="2", AGENT_MAX_CALLS="1")
+    stack.start_hosts(MAX_FAILURES="2", AGENT_MAX_CALLS="1", BREAKER_MINIMUM_THROUGHPUT="10")
     submitted = utcnow()
     stack.send([("c-1", order_json("c-1"))], reply_to=reply_queue)
-    stack.send([("c-2", order_json("c-2"))])
+    stack.send([("c-2", order_json("c-2")), ("c-p", order_json("c-p", workflow="order-parallel"))])
 
-    states = stack.wait_closed(["c-1", "c-2"], timeout=40)
+    states = stack.wait_closed(["c-1", "c-2", "c-p"], timeout=40)
     for order_id in ("c-1", "c-2"):
         assert states[order_id].process_state is ProcessState.COMPENSATED
         assert "step charge gave up" in states[order_id].last_error
@@ -146,7 +170,20 @@ def test_exhausted_charge_is_refunded_although_its_outcome_is_unknown_then_relea
     assert stack.lines("c-1")[("charge", C)].result["outcome"] == "undone"  # it had been applied
     assert stack.lines("c-2")[("charge", C)].result["outcome"] == "nothing_to_undo"  # it never was
     assert stack.applied("payments") == {"c-1": ["charge"]} and stack.undone("payments") == {"c-1": ["refund"]}
-    assert stack.undone("inventory") == {"c-1": ["release"], "c-2": ["release"]}
+    assert stack.undone("inventory") == {"c-1": ["release"], "c-2": ["release"], "c-p": ["release"]}
+    # c-p: the charge timed out twice (each retry claimed alone, reserve done meanwhile), then
+    # gave up; the group is undone, the highest step first.
+    group = states["c-p"]
+    assert group.process_state is ProcessState.COMPENSATED and "step charge gave up" in group.cause
+    assert line_states(stack, "c-p") == {
+        ("reserve", A): "Done", ("charge", A): "Exhausted", ("charge", C): "Done", ("reserve", C): "Done",
+    }
+    assert stack.lines("c-p")[("charge", A)].failure_count == 2
+    claims = [(c.kind, c.action) for c in stack.claims("c-p")]
+    assert sorted(claims[:2]) == [(A, "charge"), (A, "reserve")]
+    assert claims[2:] == [(A, "charge"), (C, "refund"), (C, "release")]
+    assert net_zero(stack.remote.net("c-p"))
+    stack.assert_within_bound("c-p", submitted)
     assert stack.remote.effects()["services"]["payments"]["lookups"] >= 2  # the second attempts asked first
     assert stack.all_alerts() == []
     events = stack.events(reply_queue)

@@ -37,7 +37,11 @@ def test_an_outage_postpones_steps_that_could_not_call_and_every_order_finishes_
     stack.remote.set_faults(service="payments", rates={"transient": 1.0})  # payments answers 503 to everything
     down, submitted = time.monotonic(), utcnow()
     ids = [f"u-{i}" for i in range(20)]
-    stack.send([(order_id, order_json(order_id)) for order_id in ids], reply_to=reply_queue)
+    # Every fourth runs reserve and charge at once (order-parallel): its charge waits out the
+    # outage while its reserve is done, and ship starts only once both are.
+    grouped = ids[::4]
+    stack.send([(o, order_json(o, **({"workflow": "order-parallel"} if o in grouped else {}))) for o in ids],
+               reply_to=reply_queue)
 
     # The breakers open, and at least one half-open trial fails and opens again.
     wait_until(lambda: ("half_open", "open") in breaker_changes(stack, "payments"), timeout=30,
@@ -56,6 +60,10 @@ def test_an_outage_postpones_steps_that_could_not_call_and_every_order_finishes_
     assert {s.process_state for s in states.values()} == {ProcessState.PROCESSED}
     lines = [line for order_id in ids for line in stack.lines(order_id).values()]
     assert all(line.kind is Kind.ACTION for line in lines)  # nothing undone
+    for order_id in grouped:
+        assert states[order_id].workflow == "order-parallel", order_id
+        steps = {line.step: line for line in stack.lines(order_id).values()}
+        assert steps["ship"].updated_at > max(steps["reserve"].updated_at, steps["charge"].updated_at), order_id
     # A failure is counted only for an attempt whose own call failed (one per call at most),
     # never for one the breaker kept from calling; inventory and shipping saw no failure.
     failures = sum(line.failure_count for line in lines)
