@@ -5,13 +5,14 @@ Compensation has its own file (test_compensation.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 from collections import Counter
 
 from adapters.wiring import services
-from core.models import Outcome, ProcessState, idempotency_key, utcnow
+from core.models import Context, Outcome, ProcessState, idempotency_key, utcnow
 from core.workflow import Kind
 from devtools.fake_remote.ledger import confirmation_for
 from devtools.orders import order_json
@@ -171,15 +172,25 @@ def test_duplicate_order_messages(stack):
 def test_duplicate_and_stale_agent_responses_change_nothing(stack):
     # Read each line's claim (the fence its request carries) while it runs: the charge
     # and the ship are throttled once (Retry-After 2 s) to leave the time to read it.
-    stack.remote.set_faults(script={"r-1/charge": ["throttle"], "r-1/ship": ["throttle"]}, retry_after_seconds=2)
+    # r-p runs reserve and charge at once (order-parallel): its group is read while both run.
+    stack.remote.set_faults(script={"r-1/charge": ["throttle"], "r-1/ship": ["throttle"], "r-p/charge": ["throttle"]},
+                            retry_after_seconds=2)
     stack.start_hosts(STEP_TIMEOUT_SECONDS="4")
-    stack.send([("r-1", order_json("r-1"))])
+    stack.send([("r-1", order_json("r-1")), ("r-p", order_json("r-p", workflow="order-parallel"))])
+    group = stack.capture("r-p", "charge")
     charge = stack.capture("r-1", "charge")
     ship = stack.capture("r-1", "ship")
-    stack.wait_closed(["r-1"], timeout=30)
+    stack.wait_closed(["r-1", "r-p"], timeout=30)
     before, calls = stack.record("r-1"), stack.remote.effects()["calls"]
+    grouped = stack.record("r-p")
     assert before.state.process_state is ProcessState.PROCESSED
+    assert grouped.state.process_state is ProcessState.PROCESSED
     results = {line.step: line.result for line in before.lines}
+    line = next(line for line in group.state.group if line.step == "charge")
+    forged = group.state.model_copy(update={"group": tuple(
+        other.model_copy(update={"attempt": other.attempt + 7}) if other.step == "charge" else other
+        for other in group.state.group
+    )})
 
     responses = [
         stack.response(charge, Outcome.SUCCEEDED, result=results["charge"]),  # the charge's answer again
@@ -189,13 +200,26 @@ def test_duplicate_and_stale_agent_responses_change_nothing(stack):
         stack.response(ship, Outcome.POSTPONED, error="shipping unavailable", retry_after_seconds=1.0),
         stack.response(ship, Outcome.FAILED_PERMANENT, attempt=ship.state.attempt + 5),  # a future attempt
     ]
-    stack.send_responses(responses)
+    in_group = [
+        # a line of the group already done, answered again; then refused late
+        stack.response(group, Outcome.SUCCEEDED, step="charge", attempt=line.attempt,
+                       result=next(r.result for r in grouped.lines if r.step == "charge")),
+        stack.response(group, Outcome.FAILED_PERMANENT, step="charge", attempt=line.attempt, error="HTTP 422: late"),
+        # a line that is not in flight in the fence it carries (ship is not of the group)
+        stack.response(group, Outcome.FAILED_PERMANENT, step="ship", attempt=line.attempt, error="HTTP 422"),
+        # a forged fence for one line of the group: an attempt the order never gave
+        stack.response(group, Outcome.FAILED_PERMANENT, step="charge", attempt=line.attempt + 7, error="HTTP 422",
+                       context=Context(fence=forged, order=json.loads(group.document), results={})),
+    ]
+    stack.send_responses([*responses, *in_group])
+    wait_until(lambda: stack.ignored("r-p") >= len(in_group), timeout=15, what="the group's extra responses ignored")
+    assert stack.record("r-p") == grouped
     wait_until(lambda: stack.ignored("r-1") >= len(responses), timeout=15, what="the extra responses to be ignored")
     wait_until(lambda: stack.waiting(stack.settings["AGENT_RESPONSES_QUEUE"]) == 0, timeout=10,
                what="the responses queue to be empty")
     assert stack.record("r-1") == before  # the state row (its ETag too) and the step rows
     assert stack.remote.effects()["calls"] == calls
-    assert_processed_once(stack, ["r-1"])
+    assert_processed_once(stack, ["r-1", "r-p"])
 
 
 def test_two_hosts_compete_on_300_orders_with_transient_faults(stack, report_figure):
