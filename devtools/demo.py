@@ -3,7 +3,9 @@
 Starts Azurite, the Service Bus emulator, the fake remote services (inventory,
 payments, shipping, each with a fault mix) and local Functions hosts running
 ``function_app.py``; sends orders (a few invalid ones among them) from a plain Service
-Bus client. Every order runs the three-step workflow (reserve, charge, ship): most are
+Bus client. Every order runs the three steps (reserve, charge, ship), in sequence (the
+workflow ``order``) or, for a share of them (``--parallel``), with reserve and charge at
+once (``order-parallel``: a group, docs/workflows.md): most are
 Processed, some are refused by payments or shipping and undone (Compensated), and a few
 are scripted to end in Error (an undo that never answers in time, an undo that is
 refused, a ship that never answers in time). It shows live progress, stops when every
@@ -33,7 +35,7 @@ from rich.table import Table
 from adapters.store import OrderRecord, StateStore
 from core import names
 from core.models import LineState, OrderState, ProcessState
-from core.workflow import CURRENT, Kind, remotes
+from core.workflow import CURRENT, PARALLEL_WORKFLOW, Kind, remotes
 from devtools.localstack import LocalStack
 from devtools.orders import bad_order_message, load_bad_orders, order_message
 from devtools.paths import ROOT
@@ -128,6 +130,9 @@ class Summary:
     all_passed: bool
     latency_p50_s: float | None
     latency_p95_s: float | None
+    #: Per workflow (``order``, ``order-parallel``): its orders, and the p50 / p95 latency of
+    #: those that ended (submission → final state).
+    by_workflow: dict[str, dict[str, Any]]
     elapsed_s: float
     throughput_per_s: float
     samples: list[Sample] = field(default_factory=list, repr=False)
@@ -164,8 +169,20 @@ def demo_faults(transient: float, slow: float, permanent: float, scripted: dict[
     return faults
 
 
-def send_orders(connection_string: str, orders: int, invalid: int, sent_at: dict[str, float]) -> None:
-    """Send the orders (and a few bad messages from the corpus) like any client would.
+def parallel_orders(orders: int, share: float, scripted: dict[str, int]) -> set[str]:
+    """The orders that run on the parallel workflow: ``share`` of them, spread over the run
+    (those scripted to end in Error run in sequence, as their scripts are written)."""
+    if share <= 0:
+        return set()
+    every = max(1, round(1 / share))
+    return {order_id(i) for i in range(orders) if i % every == every - 1 and order_id(i) not in scripted}
+
+
+def send_orders(
+    connection_string: str, orders: int, invalid: int, sent_at: dict[str, float], parallel: set[str] = frozenset()
+) -> None:
+    """Send the orders (and a few bad messages from the corpus) like any client would;
+    those in ``parallel`` name the parallel workflow.
 
     ``sent_at`` gets each order's submission time: when Service Bus accepted its batch.
     """
@@ -182,7 +199,8 @@ def send_orders(connection_string: str, orders: int, invalid: int, sent_at: dict
                 batch.clear()
 
             for i in range(orders):
-                batch.append(order_message(order_id(i), i))
+                chosen = PARALLEL_WORKFLOW.name if order_id(i) in parallel else None
+                batch.append(order_message(order_id(i), i, chosen))
                 if len(batch) == 20:
                     flush()
                 if i % 40 == 20 and bad:  # sprinkle the invalid ones among the valid
@@ -314,10 +332,11 @@ def build_checks(
 
 def run_demo(
     orders: int, invalid: int, transient: float, slow: float, permanent: float, errors: int, hosts: int,
-    time_limit: float, out: Path, seed: int,
+    time_limit: float, out: Path, seed: int, parallel: float = 0.0,
 ) -> Summary:
     out.mkdir(parents=True, exist_ok=True)
     scripted = scripted_errors(orders, errors)
+    grouped = parallel_orders(orders, parallel, scripted)
     stack = LocalStack(settings=DEMO_SETTINGS, remote_seed=seed, remote_slow_seconds=12.0, log_dir=out / "logs")
     console.print(f"starting the local stack ({hosts} host(s))…")
     with stack.start(hosts=hosts):
@@ -329,7 +348,7 @@ def run_demo(
         started = time.monotonic()
         sent_at: dict[str, float] = {}
         sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="send-orders")
-        sending = sender.submit(send_orders, stack.servicebus_connection_string, orders, invalid, sent_at)
+        sending = sender.submit(send_orders, stack.servicebus_connection_string, orders, invalid, sent_at, grouped)
         sender.shutdown(wait=False)
         samples: list[Sample] = []
         rows: list[OrderState] = []
@@ -361,10 +380,18 @@ def run_demo(
         records = read_records(store, [row.order_id for row in rows])
     audit = audit_effects(rows, effects)
     resets, give_ups = _supervisor(records)
-    latencies = sorted(
-        r.updated_at.timestamp() - sent_at[r.order_id]
+    latency = {
+        r.order_id: r.updated_at.timestamp() - sent_at[r.order_id]
         for r in rows if r.process_state.terminal and r.order_id in sent_at
-    )
+    }
+    latencies = sorted(latency.values())
+    by_workflow = {}
+    for name in (CURRENT.name, PARALLEL_WORKFLOW.name):
+        ran = [r for r in rows if r.workflow == name]
+        ended = sorted(latency[r.order_id] for r in ran if r.order_id in latency)
+        by_workflow[name] = {"orders": len(ran), "processed": sum(r.process_state is ProcessState.PROCESSED for r in ran),
+                             "latency_p50_s": _rounded(percentile(ended, 50)),
+                             "latency_p95_s": _rounded(percentile(ended, 95))}
     count = Counter(r.process_state for r in rows)
     alert_of = {alert["order_id"]: alert for alert in alerts}
     error_orders = {
@@ -395,6 +422,7 @@ def run_demo(
         all_passed=all(check.passed for check in checks),
         latency_p50_s=_rounded(percentile(latencies, 50)),
         latency_p95_s=_rounded(percentile(latencies, 95)),
+        by_workflow=by_workflow,
         elapsed_s=round(elapsed, 2),
         throughput_per_s=round(len(latencies) / elapsed, 2) if elapsed else 0.0,
         samples=samples,
@@ -441,6 +469,9 @@ def print_summary(summary: Summary) -> None:
         *((f"{service}: applied / undone / left applied", f"{e['applied']} / {e['undone']} / {e['left']}")
           for service, e in summary.remote_effects.items()),
         ("latency submission → final state p50 / p95", f"{summary.latency_p50_s} s / {summary.latency_p95_s} s"),
+        *((f"  {name}: orders (Processed), p50 / p95",
+           f"{w['orders']} ({w['processed']}), {w['latency_p50_s']} s / {w['latency_p95_s']} s")
+          for name, w in summary.by_workflow.items() if w["orders"]),
         ("elapsed / throughput", f"{summary.elapsed_s} s / {summary.throughput_per_s} orders/s"),
     ]
     for key, value in rows:
@@ -480,13 +511,15 @@ def main(
     hosts: Annotated[int, typer.Option(min=1, max=4, help="Local Functions host processes.")] = 2,
     time_limit: Annotated[float, typer.Option(help="Stop waiting after this many seconds.")] = 300.0,
     seed: Annotated[int, typer.Option(help="Seed of the fault draws.")] = 1,
+    parallel: Annotated[float, typer.Option(
+        min=0, max=1, help=f"Share of orders on {PARALLEL_WORKFLOW.name}: reserve and charge at once, then ship.")] = 0.25,
     out: Annotated[Path, typer.Option(help="Where the picture, summary and logs go.")] = ROOT / "demo-output",
 ) -> None:
     """Run the whole system locally, send it orders, and check the outcome."""
     if transient + slow + permanent > 1:
         raise typer.BadParameter("--transient, --slow and --permanent add up to more than 1")
     try:
-        summary = run_demo(orders, invalid, transient, slow, permanent, errors, hosts, time_limit, out, seed)
+        summary = run_demo(orders, invalid, transient, slow, permanent, errors, hosts, time_limit, out, seed, parallel)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: the local stack was stopped[/yellow]")
         raise typer.Exit(130)

@@ -49,6 +49,8 @@ def test_demo_short_form(tmp_path, report_figure):
     assert summary["rejected"] == 3
     assert summary["alerts"] == summary["error"]
     assert summary["all_passed"] and all(check["passed"] for check in summary["checks"])
+    # A quarter of the orders ran reserve and charge at once (order-parallel), checked alike.
+    assert summary["by_workflow"]["order-parallel"]["orders"] > 0 and summary["by_workflow"]["order"]["orders"] > 0
     checked = " ".join(check["check"] for check in summary["checks"])
     for words in ("Processed", "Compensated", "Error", "twice", "Complete-By", "alert"):
         assert words in checked, f"no check about {words!r}"
