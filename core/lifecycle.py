@@ -402,7 +402,8 @@ def _group_next(
         return _compensate_next(begun, workflow, instance, now, defaults, records)
     if not records and not claimed and tuple(lines) == state.group:
         return None
-    row = _summed(state, lines, instance, now)
+    # Failing: why the group will be undone is on the row (a cancel's cause is the cancel's).
+    row = _summed(state, lines, instance, now, **({"cause": _error(cause)} if cause and not state.cause else {}))
     if waits and pending_timeout is not None:
         return Transition(row, tuple(records), nudge_delay=min(waits) - now, claimed=tuple(claimed))
     return Transition(row, tuple(records), claimed=tuple(claimed))

@@ -25,7 +25,7 @@ SMALL = Plan(
     serial_ops=20, parallel=(2, 2), parallel_ops=80, op_budget=2.0, study=((1, 1), (2, 1)), study_ops=40,
     transport_reads=40, sweep_history=(0, 1000), sweep_repeats=2,
     pipeline_orders=15, pipeline_timeout=60.0, pipeline_hosts=(1,), latency_rate=4.0, latency_seconds=2.0,
-    idle_seconds=3.0, ops_orders=10, warm_up_orders=5,
+    idle_seconds=3.0, ops_orders=10, warm_up_orders=5, parallel_seconds=2.0, parallel_orders=10,
 )
 
 CEILING_KEYS = [
@@ -54,6 +54,9 @@ APP_KEYS = [
     "ops.table_writes_per_step", "ops.table_reads_per_step", "ops.table_requests_per_step", "ops.table_fixed_per_order",
     "ops.servicebus_per_step", "ops.servicebus_fixed_per_order", "ops.steps",
     "idle.storage_per_min", "idle.servicebus_receive_calls_per_min",
+    "parallel.p50.sequential", "parallel.p50.parallel", "parallel.p50_ratio", "parallel.p95_ratio",
+    "parallel.orders_per_s.sequential", "parallel.orders_per_s.parallel", "parallel.throughput_ratio",
+    "parallel.table_per_order.sequential", "parallel.table_per_order.parallel", "parallel.table_ratio",
 ]
 
 #: The resilience phases in their smallest form: a 4 s outage with a 1 s open breaker, a 5 s
@@ -123,16 +126,20 @@ def test_ceiling_and_sweep_report_every_row(tmp_path):
 
 
 def test_app_phases_count_a_step_apart_from_the_order(tmp_path):
-    """The quick path on the app and counted stacks: steps/s, step hops, operations per step."""
+    """The quick path on the app and counted stacks: steps/s, step hops, operations per step;
+    the parallel workflow beside the sequential one (timed on the app stack, counted on the other)."""
     out, counted = tmp_path / "BENCHMARKS.md", tmp_path / "operations.json"
     runner = Runner(
-        Options(phases=("latency", "pipeline", "idle", "ops"), out=out, operations_out=counted, plan=SMALL),
+        Options(phases=("latency", "parallel", "pipeline", "idle", "ops"), out=out, operations_out=counted,
+                plan=SMALL),
         Console(file=io.StringIO(), width=200),
     )
     report = runner.run()
     runner.finish()
 
-    assert {s.key: s.error for s in report.sections} == {"pipeline": None, "ops": None, "latency": None, "idle": None}
+    assert {s.key: s.error for s in report.sections} == {
+        "pipeline": None, "ops": None, "latency": None, "idle": None, "parallel": None,
+    }
     figures = report.figures()
     for key in APP_KEYS:
         assert key in figures, f"missing figure {key}"

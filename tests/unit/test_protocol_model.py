@@ -1306,10 +1306,10 @@ def illegal_group(state: OrderState, rows: dict[str, dict], definition: Workflow
         row = rows.get(line_key(line.step_index, line.step, Kind.ACTION))
         if not row or row["LineState"] != line.state.value:
             problems.append(f"{line.step}: {line.state.value} in the group, not on its line's row")
-    if any(line.state is LineRun.PROCESSING for line in state.group) and not state.cause and any(
+    if not (state.cause or state.cancel_requested_at) and any(
         line.state in (LineRun.REFUSED, LineRun.EXHAUSTED) for line in state.group
     ):
-        problems.append("a line failed, yet the group has no cause to undo it for")
+        problems.append("a line failed, yet the group has no cause (nor a cancel) to undo it for")
     return problems
 
 
