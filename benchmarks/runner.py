@@ -551,14 +551,7 @@ class Runner:
         """Table requests per order of each workflow, counted by Azurite as the ops phase
         counts them (the idle background subtracted), the two runs one after the other."""
         count = self.plan.ops_orders
-        if "idle" in self.results:
-            idle, idle_seconds = self.results["idle"]
-        else:
-            self._status("parallel: 10 s idle window for the background rate")
-            start, t0 = log.mark(), time.monotonic()
-            while time.monotonic() < t0 + 10:  # a measurement window, nothing to wait for
-                time.sleep(0.5)
-            idle, idle_seconds = log.since(start, log.mark()), time.monotonic() - t0
+        idle, idle_seconds = self._background("parallel", log)
         store = StateStore(stack.table())
         per_order = {}
         for name, workflow, prefix in (("sequential", None, "pcs-"), ("parallel", PARALLEL_WORKFLOW.name, "pcp-")):
@@ -745,18 +738,21 @@ class Runner:
             "Functions host's own receivers hold a long-lived link instead). Counted at the servers."
         )
 
+    def _background(self, phase: str, log: AzuriteLog):
+        """The storage requests of the counted stack at rest, and over how long, to subtract:
+        the idle phase's, or a short idle window now."""
+        if "idle" in self.results:
+            return self.results["idle"]
+        self._status(f"{phase}: 10 s idle window for the background rate")
+        start, t0 = log.mark(), time.monotonic()
+        while time.monotonic() < t0 + 10:  # a measurement window, nothing to wait for
+            time.sleep(0.5)
+        return log.since(start, log.mark()), time.monotonic() - t0
+
     def _ops(self, section: Section, stack: BenchStack, sender: OrderSender, log: AzuriteLog) -> None:
         count = self.plan.ops_orders
         steps_per_order = pipeline.STEPS
-        # The background rate, to subtract: from the idle phase, or a short idle window now.
-        if "idle" in self.results:
-            idle, idle_seconds = self.results["idle"]
-        else:
-            self._status("ops: 10 s idle window for the background rate")
-            start, t0 = log.mark(), time.monotonic()
-            while time.monotonic() < t0 + 10:  # a measurement window, nothing to wait for
-                time.sleep(0.5)
-            idle, idle_seconds = log.since(start, log.mark()), time.monotonic() - t0
+        idle, idle_seconds = self._background("ops", log)
         idle_end = log.mark()
         tick = self._counter(f"ops: {count} orders × {steps_per_order} steps counted at the servers (1 host)",
                              count * steps_per_order)
