@@ -1681,3 +1681,40 @@ def test_an_approval_delivered_past_the_deadline_changes_nothing_and_the_order_i
         assert m.counts["events not_waiting"] == 1 and ("o-1", "charge") not in m.actions_claimed
         m.settle()
         assert m.state("o-1").process_state is ProcessState.COMPENSATED and ("o-1", "reserve") in m.undone
+
+
+def test_a_group_line_postponed_while_the_other_is_refused_is_not_undone_while_its_request_may_still_run():
+    """order-parallel: reserve and charge are sent at once. Payments is down for everyone:
+    the charge is postponed, its request to be delivered again (at least once); then the
+    reserve is refused. Nothing may be undone while that charge request can still act (it
+    would land after its refund), and nothing after the group (ship) may start; once the
+    charge's attempt has passed its Complete-By, the charge (outcome unknown) is undone,
+    and the refused reserve is not."""
+    with scripted() as m:
+        m.new_order(PARALLEL_WORKFLOW)
+        m.submit(pick=0, crash_after=0)
+        m.schedule(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
+        assert sorted(r.body.step for r in m.net.visible(Channel.REQUEST)) == ["charge", "reserve"]
+        m.breaker(remote="payments", is_open=True)
+        charge = index_of(m, Channel.REQUEST, step="charge")
+        m.remote_answers(pick=charge, again=True, crash_after=0)  # postponed; delivered again later
+        m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
+        m.breaker(remote="payments", is_open=False)
+        reserve = index_of(m, Channel.REQUEST, step="reserve")
+        m.remote_refuses(pick=reserve, again=False, crash_after=0)
+        m.record(pick=0, instance=SCHEDULERS[0], again=False, crash_after=0)
+        state = m.state("o-1")
+        assert state.kind is Kind.ACTION and state.cause.startswith("step reserve refused")
+        while m.net.visible(Channel.NUDGE):  # the postponement's nudge: the charge may still act
+            m.tick(by="next nudge")
+            m.schedule(pick=0, instance=SCHEDULERS[1], again=False, crash_after=0)
+            if m.now >= state.group[1].acts_until:
+                break
+        undos = [r for r in m.net.visible(Channel.REQUEST) if r.body.kind is Kind.COMPENSATION]
+        assert not undos or m.now >= state.group[1].acts_until
+        m.settle()
+        state = m.state("o-1")
+        assert state.process_state is ProcessState.COMPENSATED and state.cause.startswith("step reserve refused")
+        lines = {key: row["LineState"] for key, row in m.rows("o-1").items() if key.startswith(("step", "undo"))}
+        assert lines == {"step-01-reserve": "Refused", "step-02-charge": "Cancelled", "undo-02-charge": "Done"}
+        assert ("o-1", "ship") not in m.actions_claimed
