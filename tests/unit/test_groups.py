@@ -206,3 +206,42 @@ def test_the_status_shows_each_open_line_of_a_group():
     decision = lifecycle.supervise(charged.state, T0 + 30 * S, POLICY)
     views = progress(decision.next_state, WF, list(charged.lines))
     assert views[0].state == WAITING and views[0].failure_count == 1
+
+
+def test_an_approval_before_a_group_starts_every_line_of_it_in_the_same_write():
+    wf = Workflow("w", 1, (Step("a", remote="ra", action="a", compensate="ua"), Step("ok", wait_for="approval", policy=StepPolicy(timeout_seconds=60)),
+                           Parallel(Step("b", remote="rb", action="b", compensate="ub"),
+                                    Step("c", remote="rc", action="c", compensate="uc"))))
+    state = lifecycle.new_order("o-1", wf, T0, PENDING, None)
+    state = lifecycle.claim(state, wf, "i1", T0, DEFAULTS, pending_timeout=PENDING).state
+    state = lifecycle.complete(state, answer_for(state, "a"), wf, "i1", T0 + S, DEFAULTS).state
+    decision = lifecycle.receive_event(state, [], wf, "approval", {"approved": True, "by": "ops"}, "i1", T0 + 2 * S,
+                                       DEFAULTS)
+    assert decision.verdict is lifecycle.EventVerdict.ACCEPTED
+    assert decision.transition.claimed == (2, 3) and lines(decision.transition.state) == {
+        "b": (LineRun.PROCESSING, 3), "c": (LineRun.PROCESSING, 4),
+    }
+
+
+def test_an_undo_of_a_group_that_fails_ends_in_error_and_a_resubmit_runs_it_again():
+    state = started()
+    refused = complete(state, answer(state, "reserve", Outcome.FAILED_PERMANENT)).state
+    undo = complete(refused, answer(refused, "charge"), T0 + 2 * S).state  # refund claimed
+    failed = lifecycle.complete(undo, answer_for(undo, "charge").model_copy(update={
+        "kind": Kind.COMPENSATION, "outcome": Outcome.FAILED_PERMANENT, "error": "HTTP 409"}),
+        WF, "i1", T0 + 3 * S, DEFAULTS).state
+    assert failed.process_state is ProcessState.ERROR and failed.failed == (1,) and failed.group == ()
+    again = lifecycle.resubmit(failed, T0 + 60 * S, PENDING)
+    assert (again.process_state, again.kind, again.step, again.plan) == (ProcessState.PENDING, Kind.COMPENSATION,
+                                                                         "charge", ())
+    rerun = lifecycle.claim(again, WF, "i1", T0 + 61 * S, DEFAULTS, pending_timeout=PENDING)
+    assert rerun.dispatch and rerun.state.kind is Kind.COMPENSATION and rerun.state.attempt == failed.attempt + 1
+
+
+def test_the_liveness_bound_of_a_group_is_the_same_lines_in_sequence():
+    from core import liveness
+    from core.workflow import ORDER_WORKFLOW
+
+    timing = liveness.Timing(supervisor_interval=timedelta(seconds=15), pending_timeout=PENDING,
+                             backoff_base=timedelta(seconds=2), backoff_cap=timedelta(seconds=60))
+    assert liveness.order_bound(WF, DEFAULTS, timing) == liveness.order_bound(ORDER_WORKFLOW, DEFAULTS, timing)
