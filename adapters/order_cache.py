@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from adapters.store import OrderRecord
@@ -55,6 +57,28 @@ class OrderCache:
         self._entries: OrderedDict[str, tuple[OrderRecord, datetime]] = OrderedDict()
         self._characters = 0
         self._lock = threading.Lock()
+        #: Order id -> its decision lock and how many threads hold or wait for it.
+        self._deciding: dict[str, list] = {}
+
+    @contextmanager
+    def deciding(self, order_id: str) -> Iterator[None]:
+        """One decision on ``order_id`` at a time in this process: a second waits for the
+        first's write and then decides on the order as that write left it (its entry here),
+        instead of on the same entry, whose write would lose the race (412) and be decided
+        again on a read. Two answers of one order that land together (the lines of a group
+        of steps that run at once) so cost no lost write and no read when one process takes
+        both. Other processes still race, and the ETags decide, as ever."""
+        with self._lock:
+            entry = self._deciding.setdefault(order_id, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if not entry[1]:
+                    del self._deciding[order_id]
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -255,8 +255,19 @@ def _apply(
     left it in flight (a cancel recorded meanwhile) lets the response still count.
 
     First, without a read, on the order as this process last wrote it, if it holds it
-    (:func:`_on_cached`); that try is not one of the :data:`DECISIONS`.
+    (:func:`_on_cached`); that try is not one of the :data:`DECISIONS`. With a cache, one
+    decision per order at a time in this process (:meth:`OrderCache.deciding`).
     """
+    order_id = message.order_id
+    if scheduler.cache is None:
+        return _decide(scheduler, message, now, decide)
+    with scheduler.cache.deciding(order_id):
+        return _decide(scheduler, message, now, decide)
+
+
+def _decide(
+    scheduler: Scheduler, message: Nudge | AgentResponse, now: datetime, decide: Decide
+) -> tuple[OrderState, Transition, OrderRecord] | None:
     order_id = message.order_id
     claimed = message.state if isinstance(message, Nudge) else message.context.fence
     cached = _on_cached(scheduler, order_id, claimed, now, decide)

@@ -282,3 +282,36 @@ def test_threads_putting_getting_and_dropping_at_once_keep_the_bounds():
     kept_documents = [cache.get(order_id, T0) for order_id in ids]
     assert len(cache) <= 16
     assert sum(len(r.document) for r in kept_documents if r is not None) == cache._characters <= 16 * 40
+
+
+def test_decisions_on_one_order_take_turns_and_other_orders_do_not_wait():
+    import threading
+
+    cache = OrderCache(max_age=timedelta(seconds=30))
+    inside, overlap = [], []
+    first_in, release = threading.Event(), threading.Event()
+
+    def decide(order_id: str, hold: bool) -> None:
+        with cache.deciding(order_id):
+            if inside and inside[-1] == order_id:
+                overlap.append(order_id)
+            inside.append(order_id)
+            if hold:
+                first_in.set()
+                release.wait(5)
+            inside.remove(order_id)
+
+    first = threading.Thread(target=decide, args=("o-1", True))
+    first.start()
+    assert first_in.wait(5)
+    second = threading.Thread(target=decide, args=("o-1", False))
+    second.start()
+    other = threading.Thread(target=decide, args=("o-2", False))
+    other.start()
+    other.join(5)
+    assert not other.is_alive()  # another order is not held up
+    assert second.is_alive()  # the same order waits for the first decision
+    release.set()
+    for thread in (first, second):
+        thread.join(5)
+    assert overlap == [] and not cache._deciding  # no two at once; nothing left behind
