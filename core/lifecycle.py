@@ -39,10 +39,22 @@ from core.workflow import Kind, Step, StepPolicy, UnknownWorkflow, Workflow, wor
 
 #: LastError is a Table string property: keep it far below the 64 KiB limit.
 MAX_ERROR_CHARS = 2_000
+#: A group's line keeps a shorter one: every line of the group shares the row's ``Group``
+#: property (core/workflow.py ``MAX_GROUP``).
+MAX_LINE_ERROR_CHARS = 1_000
+#: How early a nudge may come for a line of a group and still claim it: the clocks of the
+#: supervisor that nudged (its sweep's time) and of the scheduler that takes the nudge differ
+#: a little. A lone line is claimed on any nudge; a group's is claimed once due, so that a
+#: nudge for one line does not cut another's backoff short.
+EARLY_NUDGE = timedelta(seconds=2)
 
 
 def _error(text: str | None) -> str | None:
     return None if text is None else text[:MAX_ERROR_CHARS]
+
+
+def _line_error(text: str | None) -> str | None:
+    return None if text is None else text[:MAX_LINE_ERROR_CHARS]
 
 
 @dataclass(frozen=True)
@@ -384,7 +396,7 @@ def _group_next(
                 note = f"not run again: the group is undone ({line.failure_count} failed attempt(s), outcome unknown)"
                 lines[n] = line.model_copy(update={"state": LineRun.CANCELLED})
                 records.append(_group_record(state, workflow, line, LineState.CANCELLED, now, error=note))
-        elif pending_timeout is not None and now >= due:
+        elif pending_timeout is not None and now >= due - EARLY_NUDGE:
             attempt = max(state.attempt, *(other.attempt for other in lines)) + 1
             lines[n] = _new_line(workflow, line.step_index, attempt, now, defaults, line)
             claimed.append(line.step_index)
@@ -433,7 +445,7 @@ def _complete_in_group(
         record = _group_record(state, workflow, line, LineState.DONE, now, result=response.result)
         return _group_next(state, workflow, instance, now, defaults, lines, [record])
     reason = response.error or "the remote service refused the step"
-    lines[n] = line.model_copy(update={"state": LineRun.REFUSED, "last_error": _error(reason)})
+    lines[n] = line.model_copy(update={"state": LineRun.REFUSED, "last_error": _line_error(reason)})
     record = _group_record(state, workflow, line, LineState.REFUSED, now, error=reason)
     failing = state if state.cause or cancelled(state) else state.model_copy(
         update={"cause": _error(f"step {line.step} refused: {reason}")}
@@ -450,18 +462,18 @@ def _postpone_in_group(
         return None
     line = state.group[n]
     wait = timedelta(seconds=max(0.0, response.retry_after_seconds or 0.0))
-    reason = _error(response.error or f"{line.step}: remote service unavailable")
+    reason = _line_error(response.error or f"{line.step}: remote service unavailable")
     postponements = line.postponements + 1
     changes: dict = {"state": LineRun.PENDING, "postponements": postponements, "last_error": reason,
                      "complete_by": now + wait + pending_timeout}
     if not postponements % max_postponements:
         failures = line.failure_count + 1
         counted = f"postponed {postponements} times in a row, counted as a failed attempt; last: {reason}"
-        changes.update(failure_count=failures, last_error=_error(counted))
+        changes.update(failure_count=failures, last_error=_line_error(counted))
         if line.max_failures is not None and failures >= line.max_failures:
             settled = max(now, line.acts_until or now)
             changes.update(gave_up=True, complete_by=settled + pending_timeout, postponements=0,
-                           last_error=_error(f"gave up after {failures} failed attempts; {counted}"))
+                           last_error=_line_error(f"gave up after {failures} failed attempts; {counted}"))
             wait = settled - now
     lines = list(state.group)
     lines[n] = line.model_copy(update=changes)
@@ -1017,14 +1029,14 @@ def _supervise_group(
         if failures >= (line.max_failures or policy.max_failures):
             lines[n] = line.model_copy(update={
                 **common, "gave_up": True, "complete_by": now + policy.pending_timeout,
-                "last_error": _error(f"gave up after {failures} failed attempts; last: {reason}"),
+                "last_error": _line_error(f"gave up after {failures} failed attempts; last: {reason}"),
             })
             missed.append((line.step, Verdict.GIVE_UP))
             delays.append(timedelta(0))
             continue
         delay = backoff(failures, policy.backoff_base, policy.backoff_cap)
         lines[n] = line.model_copy(
-            update={**common, "last_error": _error(reason), "complete_by": now + delay + policy.pending_timeout}
+            update={**common, "last_error": _line_error(reason), "complete_by": now + delay + policy.pending_timeout}
         )
         missed.append((line.step, Verdict.RETRY))
         delays.append(delay)

@@ -161,6 +161,13 @@ class Step:
         return self.action if kind is Kind.ACTION else self.compensate
 
 
+#: The most steps one group runs at once: its lines live on the state row (``Group``, a
+#: Table string property of at most 32K characters: learn.microsoft.com/rest/api/storageservices/
+#: understanding-the-table-service-data-model), each with its last error (core/lifecycle.py
+#: ``MAX_LINE_ERROR_CHARS``): ten stay far below the limit.
+MAX_GROUP = 10
+
+
 @dataclass(frozen=True, init=False)
 class Parallel:
     """Steps that run at once: a group of a workflow (docs/workflows.md, "Steps that run
@@ -178,8 +185,11 @@ class Parallel:
 
     def __init__(self, *steps: Step) -> None:
         object.__setattr__(self, "steps", tuple(steps))
-        if len(self.steps) < 2:
-            raise ValueError(f"a group of steps that run at once needs two steps or more, not {len(self.steps)}")
+        if not 2 <= len(self.steps) <= MAX_GROUP:
+            raise ValueError(
+                f"a group of steps that run at once needs two steps or more and at most {MAX_GROUP}, "
+                f"not {len(self.steps)}"
+            )
         for step in self.steps:
             if not isinstance(step, Step):
                 raise ValueError(f"a group holds steps only, not {step!r} (groups do not nest)")

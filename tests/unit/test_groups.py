@@ -55,6 +55,10 @@ def test_a_group_is_declared_as_data_and_flattened_into_the_steps():
     step = Step("x", remote="r", action="a", compensate="u")
     with pytest.raises(ValueError, match="two steps or more"):
         Parallel(step)
+    many = [Step(f"s{i}", remote="r", action=f"a{i}", compensate=f"u{i}") for i in range(11)]
+    with pytest.raises(ValueError, match="at most 10"):
+        Parallel(*many)
+    assert len(Parallel(*many[:10]).steps) == 10
     with pytest.raises(ValueError, match="cannot be undone"):
         Parallel(step, Step("y", remote="r", action="b"))
     with pytest.raises(ValueError, match="do not nest"):
