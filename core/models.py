@@ -152,9 +152,9 @@ class OrderRequest(_Message):
     workflow: WorkflowName | None = Field(
         None,
         description="The workflow the order runs on, by name (its newest version): order (reserve, charge, ship; "
-        "the default when absent) or order-approval (reserve, then wait for an approval until the deployment's "
-        "deadline, APPROVAL_TIMEOUT_SECONDS, a day by default, then charge, ship). The client chooses: "
-        "docs/workflows.md.",
+        "the default when absent), order-approval (reserve, then wait for an approval until the deployment's "
+        "deadline, APPROVAL_TIMEOUT_SECONDS, a day by default, then charge, ship) or order-parallel (reserve and "
+        "charge at once, then ship). The client chooses: docs/workflows.md.",
     )
 
     @model_validator(mode="after")

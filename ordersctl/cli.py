@@ -161,7 +161,7 @@ def send_order(
     currency: Annotated[str, typer.Option(help="ISO 4217 currency.")] = "EUR",
     reply_to: Annotated[str | None, typer.Option("--reply-to", help="A queue to receive status events.")] = None,
     workflow: Annotated[
-        str | None, typer.Option(help="The workflow to run (e.g. order-approval); default: the order workflow.")
+        str | None, typer.Option(help="The workflow to run (order-approval, order-parallel); default: the order workflow.")
     ] = None,
     settings: SettingsFile = None,
     stamps: Stamps = None,
