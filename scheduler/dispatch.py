@@ -273,12 +273,16 @@ def _decide(
     cached = _on_cached(scheduler, order_id, claimed, now, decide)
     if cached is not None:
         return cached
-    for _ in range(DECISIONS):
+    tries, limit = 0, DECISIONS
+    while tries < limit:
+        tries += 1
         try:
             read = scheduler.store.read(order_id)
         except OrderNotFound:
             return None
         state = read.state
+        # In a group, a lost race is mostly a sibling line's answer: one more try per line.
+        limit = DECISIONS + len(state.group)
         if forged(claimed, state):
             log.error("order %s: a message claims the row's current ETag with other contents: dropped as forged",
                       order_id)
@@ -337,7 +341,8 @@ def write_transition(scheduler: Scheduler, record: OrderRecord, transition: Tran
 
 
 #: Reads and decisions of one message when its writes keep losing the race (each loss is
-#: another write to the order's row; past this, the message is dropped as stale would be).
+#: another write to the order's row; past this, the message is dropped as stale would be),
+#: and one more per line of a group in flight (its lines' answers write the row too).
 DECISIONS = 3
 
 
