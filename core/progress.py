@@ -34,27 +34,19 @@ def progress(state: OrderState, workflow: Workflow, lines: tuple[LineRecord, ...
     """Every action of the workflow in order, then the compensations the order ran or
     plans, in the order they run."""
     ended = {(line.step_index, line.kind): line for line in sorted(lines, key=lambda line: line.updated_at)}
-    current = None if state.process_state.terminal else (state.step_index, state.kind)
-    # A group in flight: each open line of it is current (Running with its agent, or Waiting).
-    group = {} if state.process_state.terminal else {line.step_index: line for line in state.group if line.state.open}
+    current = _current(state)
 
     def view(index: int, kind: Kind) -> LineView:
         step = workflow.steps[index]
         base = {"step": step.name, "kind": kind, "action": step.action_of(kind), "remote": step.remote,
                 "wait_for": step.wait_for}
-        if state.group and kind is Kind.ACTION and index in group:
-            line = group[index]
-            return LineView(
-                **base, state=RUNNING if line.state is LineRun.PROCESSING else WAITING, attempt=line.attempt or None,
-                failure_count=line.failure_count, last_error=line.last_error,
-            )
-        if (index, kind) == current and not state.group:
-            running = RUNNING if state.process_state is ProcessState.PROCESSING else WAITING
+        if (index, kind) in current:
+            processing, attempt, failure_count, last_error = current[(index, kind)]
+            running = RUNNING if processing else WAITING
             if running == RUNNING and step.waiting:
                 running = WAITING_FOR_EVENT
             return LineView(
-                **base, state=running, attempt=state.attempt or None, failure_count=state.failure_count,
-                last_error=state.last_error,
+                **base, state=running, attempt=attempt or None, failure_count=failure_count, last_error=last_error,
             )
         if (index, kind) in ended:
             line = ended[(index, kind)]
@@ -67,11 +59,26 @@ def progress(state: OrderState, workflow: Workflow, lines: tuple[LineRecord, ...
         return LineView(**base, state=NOT_STARTED)
 
     views = [view(i, Kind.ACTION) for i in range(len(workflow.steps))]
-    undo = {i for i, kind in ended if kind is Kind.COMPENSATION} | set(state.plan)
-    if current and current[1] is Kind.COMPENSATION:
-        undo.add(current[0])
+    undo = {i for i, kind in (*ended, *current) if kind is Kind.COMPENSATION} | set(state.plan)
     views += [view(i, Kind.COMPENSATION) for i in sorted(undo, reverse=True)]
     return views
+
+
+def _current(state: OrderState) -> dict[tuple[int, Kind], tuple[bool, int, int, str | None]]:
+    """The lines that have not ended, by (step index, kind): whether each is with its agent
+    (Processing), its attempt, failures and last error. The row's one line; or, while a group
+    is in flight, each open line of it."""
+    if state.process_state.terminal:
+        return {}
+    if state.group:
+        return {
+            (line.step_index, Kind.ACTION): (
+                line.state is LineRun.PROCESSING, line.attempt, line.failure_count, line.last_error,
+            )
+            for line in state.group if line.state.open
+        }
+    processing = state.process_state is ProcessState.PROCESSING
+    return {(state.step_index, state.kind): (processing, state.attempt, state.failure_count, state.last_error)}
 
 
 def steps_of(state: OrderState, lines: tuple[LineRecord, ...] | list[LineRecord]) -> list[dict[str, Any]]:
