@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from adapters import search, telemetry
+from adapters import search, telemetry, traces
 from adapters.finished import record_finished
 from adapters.messaging import Publisher, ended_key
 from adapters.store import StateStore
@@ -46,12 +46,6 @@ def close_order(
     telemetry.order_closed(state.process_state)
 
 
-def _trace_id(state: OrderState) -> str:
-    """The order's trace id (from its ``TraceParent``), or ``-`` when it has none."""
-    parts = (state.trace_parent or "").split("-")
-    return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else "-"
-
-
 def failure_record(state: OrderState, failed: list[str]) -> str:
     """The one line an order that ended Compensated or in Error always leaves in Application Insights,
     whatever the trace sampling kept (docs/observability.md, "What is kept of a failed order"): its end,
@@ -59,7 +53,7 @@ def failure_record(state: OrderState, failed: list[str]) -> str:
     undone = f"; could not undo {', '.join(failed)}" if failed else ""
     return (f"order {state.order_id} ended {state.process_state.value} at {state.step} "
             f"(attempt {state.attempt}): {state.cause or state.last_error or 'no cause recorded'}{undone}; "
-            f"last error: {state.last_error or '-'}; trace {_trace_id(state)}")
+            f"last error: {state.last_error or '-'}; trace {traces.trace_id_of(state.trace_parent) or '-'}")
 
 
 def _close(
