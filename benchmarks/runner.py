@@ -169,6 +169,21 @@ class Options:
         return {"quick": self.quick, "phases": chosen, "sweep_100k": self.sweep_100k}
 
 
+def _idle_part(idle_count: float, idle_seconds: float, window: float) -> float:
+    """What the idle rate (``idle_count`` over ``idle_seconds``) counts over ``window`` seconds."""
+    return idle_count / max(idle_seconds, 1e-9) * window
+
+
+def _over_idle(during: float, idle_count: float, idle_seconds: float, window: float) -> float:
+    """What a run of ``window`` seconds counted beyond the idle rate, never below 0."""
+    return max(0.0, during - _idle_part(idle_count, idle_seconds, window))
+
+
+def _own_table_requests(operations) -> int:
+    """The orders' own table requests: all but the supervisor's index queries, which run by the clock."""
+    return operations.service_total("table") - operations.by_role.get(azurite_log.INDEX_QUERY, 0)
+
+
 def _ordered(sections: list[Section]) -> list[Section]:
     """The sections in the report's order (:data:`SECTION_ORDER`)."""
     order = {key: i for i, key in enumerate(SECTION_ORDER)}
@@ -566,12 +581,9 @@ class Runner:
             window = time.monotonic() - t0
 
             def net(during_count: float, idle_count: float) -> float:
-                return max(0.0, during_count - idle_count / max(idle_seconds, 1e-9) * window) / count
+                return _over_idle(during_count, idle_count, idle_seconds, window) / count
 
-            def own(ops) -> int:  # the order's requests: all but the sweep's, which run by the clock
-                return ops.service_total("table") - ops.by_role.get(azurite_log.INDEX_QUERY, 0)
-
-            per_order[name] = net(own(during), own(idle))
+            per_order[name] = net(_own_table_requests(during), _own_table_requests(idle))
             written = net(sum(during.writes_by_role.values()), sum(idle.writes_by_role.values()))
             reads = net(*(sum(ops.by_role.get(role, 0) for role in (azurite_log.POINT_READ, azurite_log.QUERY))
                           for ops in (during, idle)))
@@ -804,10 +816,10 @@ class Runner:
         window = t2 - t1
 
         def background(idle_count: int) -> float:
-            return idle_count / max(idle_seconds, 1e-9) * window
+            return _idle_part(idle_count, idle_seconds, window)
 
         def net(during: int, idle_count: int) -> float:
-            return max(0.0, during - background(idle_count))
+            return _over_idle(during, idle_count, idle_seconds, window)
 
         # Storage requests by operation, as Azurite names them.
         rows = []
