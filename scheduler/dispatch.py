@@ -393,9 +393,9 @@ def _carry_out(
         return None
     if not transition.dispatch:
         return None
-    definition = workflow(state.workflow, state.workflow_version)
-    if definition.steps[state.step_index].waiting and not state.group:
-        _wait(scheduler, state, definition.steps[state.step_index].wait_for, now)
+    step = lifecycle.step_of(state, workflow(state.workflow, state.workflow_version))
+    if step.waiting:  # a waiting step waits alone (never in a group: core/workflow.py Parallel)
+        _wait(scheduler, state, step.wait_for, now)
         return None
     claim = names.SPAN_COMPENSATE if state.kind is Kind.COMPENSATION else names.SPAN_CLAIM
     sent = None
